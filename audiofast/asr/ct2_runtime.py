@@ -1,0 +1,80 @@
+"""The int8 CTranslate2 runtime: the baseline every faster engine is measured against."""
+
+from __future__ import annotations
+
+import json
+
+import ctranslate2
+import numpy as np
+import torch
+
+from audiofast.asr.features import pad_or_trim
+from audiofast.asr.longform import WindowResult, transcribe_audio
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
+from audiofast.asr.types import Transcription
+from audiofast.audio import AudioSource, load_audio
+from audiofast.models import resolve_model
+
+
+class CT2Whisper:
+    """A Whisper model on CTranslate2, decoding one 30 s window at a time."""
+
+    def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8"):
+        self.resolved = resolve_model(model)
+        self.model = ctranslate2.models.Whisper(
+            str(self.resolved.ct2_dir), device="cpu", compute_type=compute_type,
+            intra_threads=threads,
+        )
+        self.tokenizer = WhisperTokenizer.from_dir(
+            self.resolved.ct2_dir, multilingual=self.model.is_multilingual
+        )
+        self.n_mels = self.model.n_mels
+        config_path = self.resolved.ct2_dir / "config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.default_suppress_ids: list[int] = config.get("suppress_ids", [])
+
+    def encode(self, mel_window: torch.Tensor) -> ctranslate2.StorageView:
+        features = pad_or_trim(mel_window)[None].contiguous().numpy()
+        return self.model.encode(ctranslate2.StorageView.from_array(features))
+
+    def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:
+        token, prob = self.model.detect_language(encoded)[0][0]
+        return token[2:-2], prob
+
+    def decode(
+        self,
+        encoded: ctranslate2.StorageView,
+        prompt: list[int],
+        options: DecodingOptions,
+        temperature: float,
+    ) -> WindowResult:
+        if temperature > 0:
+            search = dict(beam_size=1, num_hypotheses=options.best_of, sampling_topk=0,
+                          sampling_temperature=temperature)
+        else:
+            search = dict(beam_size=options.beam_size, patience=options.patience)
+        result = self.model.generate(
+            encoded, [prompt], length_penalty=options.length_penalty,
+            max_length=len(prompt) + options.max_new_tokens,
+            return_scores=True, return_no_speech_prob=True,
+            suppress_blank=options.suppress_blank, suppress_tokens=self.tokenizer.suppressed_tokens(
+                options.suppress_tokens, self.default_suppress_ids
+            ),
+            max_initial_timestamp_index=round(options.max_initial_timestamp / TIME_PER_TIMESTAMP),
+            **search,
+        )[0]
+        best = int(np.argmax(result.scores)) if temperature > 0 else 0
+        tokens = result.sequences_ids[best]
+        # CT2 scores are sum(logprob) / len**length_penalty; Whisper averages over len + 1
+        # (the end-of-text token counts).
+        total = result.scores[best] * len(tokens) ** options.length_penalty
+        return WindowResult(tokens, total / (len(tokens) + 1), result.no_speech_prob)
+
+    def transcribe(
+        self,
+        audio: AudioSource,
+        options: DecodingOptions = DecodingOptions(),
+        progress: bool | None = None,
+    ) -> Transcription:
+        return transcribe_audio(self, load_audio(audio), options, progress)

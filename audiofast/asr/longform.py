@@ -1,0 +1,196 @@
+"""Whisper's long-form loop: 30 s windows, seeking by the last predicted timestamp.
+
+The loop is independent of the runtime: anything with ``encode`` / ``decode`` (a
+:class:`WindowDecoder`) plugs in, so the CTranslate2 baseline and faster engines share it.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from audiofast.asr.features import (
+    FRAMES_PER_SECOND,
+    N_FRAMES,
+    N_SAMPLES,
+    log_mel_spectrogram,
+    pad_or_trim,
+)
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
+from audiofast.asr.types import Segment, Transcription
+from audiofast.audio import SAMPLE_RATE
+
+FRAMES_PER_TIMESTAMP = round(TIME_PER_TIMESTAMP * FRAMES_PER_SECOND)  # 2 mel frames
+
+
+@dataclass
+class WindowResult:
+    tokens: list[int]  # generated tokens, prompt excluded, no end-of-text
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float = 0.0
+    compression_ratio: float = 0.0
+
+
+class WindowDecoder(Protocol):
+    tokenizer: WhisperTokenizer
+    n_mels: int
+
+    def encode(self, mel_window: torch.Tensor) -> Any: ...
+
+    def detect_language(self, encoded: Any) -> tuple[str, float]: ...
+
+    def decode(
+        self, encoded: Any, prompt: list[int], options: DecodingOptions, temperature: float
+    ) -> WindowResult: ...
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes over zlib-compressed bytes: high for the loops Whisper falls into."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+def decode_with_fallback(
+    runtime: WindowDecoder, encoded: Any, prompt: list[int], options: DecodingOptions
+) -> WindowResult:
+    """Decode at temperature 0; retry hotter while the output looks repetitive or unsure."""
+    result = None
+    for temperature in options.temperatures:
+        result = runtime.decode(encoded, prompt, options, temperature)
+        result.temperature = temperature
+        result.compression_ratio = compression_ratio(runtime.tokenizer.decode(result.tokens))
+        too_repetitive = (
+            options.compression_ratio_threshold is not None
+            and result.compression_ratio > options.compression_ratio_threshold
+        )
+        too_unsure = (
+            options.log_prob_threshold is not None
+            and result.avg_logprob < options.log_prob_threshold
+        )
+        is_silence = (
+            options.no_speech_threshold is not None
+            and result.no_speech_prob > options.no_speech_threshold
+            and too_unsure
+        )
+        if is_silence or not (too_repetitive or too_unsure):
+            break
+    assert result is not None, "options.temperatures must not be empty"
+    return result
+
+
+def split_segments(
+    tokens: list[int], tokenizer: WhisperTokenizer, time_offset: float, window_frames: int
+) -> tuple[list[tuple[float, float, list[int]]], int]:
+    """Cut a window's tokens at timestamp pairs; return (start, end, tokens) and frames consumed."""
+    ts = tokenizer.timestamp_begin
+    ends_with_single_timestamp = len(tokens) >= 2 and tokens[-2] < ts <= tokens[-1]
+    boundaries = [i for i in range(1, len(tokens)) if tokens[i] >= ts and tokens[i - 1] >= ts]
+    if not boundaries:
+        timestamps = [t for t in tokens if t >= ts]
+        duration = window_frames / FRAMES_PER_SECOND
+        if timestamps and timestamps[-1] != ts:
+            duration = (timestamps[-1] - ts) * TIME_PER_TIMESTAMP
+        return [(time_offset, time_offset + duration, tokens)], window_frames
+
+    if ends_with_single_timestamp:
+        boundaries.append(len(tokens))
+    pieces, last = [], 0
+    for cut in boundaries:
+        piece = tokens[last:cut]
+        start = time_offset + (piece[0] - ts) * TIME_PER_TIMESTAMP
+        end = time_offset + (piece[-1] - ts) * TIME_PER_TIMESTAMP
+        pieces.append((start, end, piece))
+        last = cut
+    if ends_with_single_timestamp:
+        return pieces, window_frames
+    consumed = (tokens[last - 1] - ts) * FRAMES_PER_TIMESTAMP
+    return pieces, consumed if consumed > 0 else window_frames
+
+
+def transcribe_audio(
+    runtime: WindowDecoder,
+    audio: np.ndarray,
+    options: DecodingOptions = DecodingOptions(),
+    progress: bool | None = None,
+) -> Transcription:
+    """Transcribe 16 kHz mono audio of any length."""
+    tok = runtime.tokenizer
+    duration = len(audio) / SAMPLE_RATE
+    mel = log_mel_spectrogram(audio, runtime.n_mels, padding=N_SAMPLES)
+    content_frames = mel.shape[-1] - N_FRAMES
+    stats = {"encoder_s": 0.0, "decoder_s": 0.0, "windows": 0, "tokens": 0}
+
+    language, language_prob = options.language, 1.0
+    if not tok.multilingual:
+        if language not in (None, "en"):
+            raise ValueError(f"this model is English-only; cannot transcribe {language!r}")
+        language = "en"
+
+    history = tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
+    segments: list[Segment] = []
+    seek = 0
+    show_progress = progress if progress is not None else duration >= 60
+    bar = tqdm(total=round(duration, 2), unit="s", desc="transcribing", disable=not show_progress)
+    while seek < content_frames:
+        window_frames = min(N_FRAMES, content_frames - seek)
+        time_offset = seek / FRAMES_PER_SECOND
+        # Whisper pads the tail of the last window in mel space (zeros), not with silent audio.
+        window = pad_or_trim(mel[:, seek : seek + window_frames])
+
+        t0 = time.perf_counter()
+        encoded = runtime.encode(window)
+        stats["encoder_s"] += time.perf_counter() - t0
+        if language is None:
+            language, language_prob = runtime.detect_language(encoded)
+
+        t0 = time.perf_counter()
+        prompt = tok.prompt(
+            history if options.condition_on_previous_text else [],
+            language, options.task, timestamps=not options.without_timestamps,
+        )
+        result = decode_with_fallback(runtime, encoded, prompt, options)
+        stats["decoder_s"] += time.perf_counter() - t0
+        stats["windows"] += 1
+        stats["tokens"] += len(result.tokens) + 1  # + end-of-text
+
+        is_silence = (
+            options.no_speech_threshold is not None
+            and result.no_speech_prob > options.no_speech_threshold
+            and not (
+                options.log_prob_threshold is not None
+                and result.avg_logprob > options.log_prob_threshold
+            )
+        )
+        if is_silence:
+            consumed = window_frames
+        else:
+            pieces, consumed = split_segments(result.tokens, tok, time_offset, window_frames)
+            for start, end, piece in pieces:
+                text = tok.decode(piece)
+                history += piece  # only what was consumed: a cut-off tail is decoded again
+                if not text.strip() or end <= start:
+                    continue
+                segments.append(
+                    Segment(
+                        id=len(segments), seek=seek, start=round(start, 3),
+                        end=round(min(end, duration), 3), text=text, tokens=piece,
+                        avg_logprob=result.avg_logprob,
+                        compression_ratio=result.compression_ratio,
+                        no_speech_prob=result.no_speech_prob, temperature=result.temperature,
+                    )
+                )
+            # A hot (unsure) window is a poor prompt for the next one: start afresh.
+            if result.temperature > 0.5:
+                history = []
+        seek += consumed
+        bar.update(round(min(seek, content_frames) / FRAMES_PER_SECOND - bar.n, 2))
+    bar.close()
+    return Transcription(segments, language or "en", language_prob, duration, stats)

