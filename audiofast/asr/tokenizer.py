@@ -84,7 +84,7 @@ class WhisperTokenizer:
     def prompt(
         self, previous: list[int], language: str | None, task: str, timestamps: bool
     ) -> list[int]:
-        """Decoder prompt: the recent transcript after ``<|startofprev|>``, then the SOT sequence."""
+        """Decoder prompt: recent transcript after ``<|startofprev|>``, then the SOT sequence."""
         head = [self.sot_prev, *previous[-PROMPT_HISTORY_TOKENS:]] if previous else []
         return head + self.sot_sequence(language, task, timestamps)
 

@@ -24,6 +24,7 @@ from transformers import (
 
 from audiofast.models.ct2_reader import CT2FormatError, CT2Model, read_ct2_model
 
+
 def _linear(ct2: CT2Model, src: str, dst: str, out: dict[str, np.ndarray]) -> None:
     out[f"{dst}.weight"] = ct2.float_weight(f"{src}/weight")
     if f"{src}/bias" in ct2:

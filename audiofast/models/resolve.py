@@ -68,7 +68,12 @@ def convert_hf_to_ct2(hf_dir: Path, quantization: str | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         out = staging / "model"
-        TransformersConverter(str(hf_dir)).convert(str(out), quantization=quantization)
+        # The runtime reads the tokenizer beside the weights: carry it over.
+        side_files = [f for f in ("tokenizer.json", "preprocessor_config.json")
+                      if (hf_dir / f).is_file()]
+        TransformersConverter(str(hf_dir), copy_files=side_files).convert(
+            str(out), quantization=quantization
+        )
         _carry_suppress_ids(hf_dir, out)
         out.rename(target)
     finally:

@@ -1,0 +1,98 @@
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from audiofast.asr.types import Segment, Transcription
+from audiofast.asr.writers import FORMATS, format_timestamp, to_srt, to_vtt
+from audiofast.eval.wer import normalize, wer
+
+SRT_TIME = r"\d{2}:\d{2}:\d{2},\d{3}"
+VTT_TIME = r"(?:\d{2}:)?\d{2}:\d{2}\.\d{3}"
+
+
+def _seconds(stamp: str) -> float:
+    parts = [float(p) for p in stamp.replace(",", ".").split(":")]
+    return sum(p * 60**i for i, p in enumerate(reversed(parts)))
+
+
+def _result() -> Transcription:
+    segs = [Segment(i, 0, s, e, f" word {i}", [], -0.1, 1.0, 0.0, 0.0)
+            for i, (s, e) in enumerate([(0.0, 1.5), (1.5, 3661.25)])]
+    return Transcription(segs, "en", 1.0, 3700.0)
+
+
+def test_timestamp_formatting():
+    assert format_timestamp(0) == "00:00.000"
+    assert format_timestamp(3661.25, ",", always_hours=True) == "01:01:01,250"
+    assert format_timestamp(59.9996) == "01:00.000"  # rounding carries into the minute
+    with pytest.raises(ValueError):
+        format_timestamp(-1)
+
+
+def test_srt_and_vtt_are_well_formed():
+    srt = to_srt(_result())
+    blocks = srt.strip().split("\n\n")
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks, start=1):
+        index, times, text = block.split("\n")
+        assert index == str(i)
+        assert re.fullmatch(rf"{SRT_TIME} --> {SRT_TIME}", times)
+        assert text == f"word {i - 1}"
+    vtt = to_vtt(_result())
+    assert vtt.startswith("WEBVTT\n\n")
+    assert re.findall(rf"^{VTT_TIME} --> {VTT_TIME}$", vtt, re.M) == [
+        "00:00.000 --> 00:01.500", "00:01.500 --> 01:01:01.250"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "audiofast.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cli_transcribes_every_format(tmp_path, clips):
+    clip = clips["beckett"]
+    run = _cli("transcribe", str(clip.audio), "--format", "all", "--output-dir",
+               str(tmp_path), "--threads", "2")
+    assert run.returncode == 0, run.stderr
+    written = {p.suffix[1:] for p in tmp_path.iterdir()}
+    assert written == set(FORMATS)
+    assert wer(clip.reference, (tmp_path / "beckett.txt").read_text()) == 0.0
+    data = json.loads((tmp_path / "beckett.json").read_text())
+    assert normalize(data["text"]) == normalize(clip.reference)
+    assert data["language"] == "en" and data["segments"][0]["start"] == 0.0
+    srt = (tmp_path / "beckett.srt").read_text()
+    stamps = re.findall(rf"^({SRT_TIME}) --> ({SRT_TIME})$", srt, re.M)
+    assert stamps and all(_seconds(a) < _seconds(b) for a, b in stamps)
+    ends = [_seconds(b) for _, b in stamps]
+    assert ends == sorted(ends) and ends[-1] <= 10.0
+    vtt = (tmp_path / "beckett.vtt").read_text()
+    assert vtt.startswith("WEBVTT") and re.search(rf"^{VTT_TIME} --> {VTT_TIME}$", vtt, re.M)
+
+
+def test_cli_bad_file_is_reported_and_the_rest_still_transcribed(tmp_path, clips):
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF....WAVEjunk")
+    run = _cli("transcribe", str(bad), str(clips["clone-test"].audio), "--model",
+               "whisper-tiny.en", "--threads", "2")
+    assert run.returncode == 1
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"audiofast: error: {bad}: cannot decode audio (")
+    assert wer(clips["clone-test"].reference, run.stdout) == 0.0
+
+
+def test_cli_unknown_model_and_format_guard(clips):
+    run = _cli("transcribe", str(clips["beckett"].audio), "--model", "whisper-huge")
+    assert run.returncode == 2
+    assert "unknown model 'whisper-huge'" in run.stderr and "whisper-base" in run.stderr
+    run = _cli("transcribe", str(clips["beckett"].audio), "--format", "all")
+    assert run.returncode != 0 and "--format all needs --output-dir" in run.stderr
+
+
+def test_cli_samples_and_models():
+    run = _cli("samples", "two_cities")
+    assert run.returncode == 0 and run.stdout.strip().endswith("two_cities.wav")
+    run = _cli("models")
+    assert "whisper-base (default)" in run.stdout and "whisper-tiny.en" in run.stdout

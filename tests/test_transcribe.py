@@ -1,0 +1,101 @@
+"""Transcription on the int8 CTranslate2 runtime, scored against reference transcripts."""
+
+import numpy as np
+import pytest
+
+from audiofast.asr.longform import split_segments
+from audiofast.asr.options import DecodingOptions
+from audiofast.audio import load_audio
+from audiofast.eval.datasets import tts_clips
+from audiofast.eval.wer import wer
+
+# Upper bounds of per-clip WER (greedy).
+# Measured: base 1.7 / 0 / 0 / 0 %, tiny.en 0 / 6.8 / 0 / 0 %.
+REAL_SPEECH_BOUNDS = {
+    "whisper-base": {"two_cities": 0.05, "endgame_nagg_nell": 0.05, "beckett": 0.0,
+                     "clone-test": 0.0},
+    "whisper-tiny.en": {"two_cities": 0.05, "endgame_nagg_nell": 0.12, "beckett": 0.0,
+                        "clone-test": 0.0},
+}
+
+
+@pytest.mark.parametrize("model_name", ["whisper-base", "whisper-tiny.en"])
+def test_real_speech_wer(request, clips, model_name):
+    model = request.getfixturevalue("base" if model_name == "whisper-base" else "tiny")
+    for name, bound in REAL_SPEECH_BOUNDS[model_name].items():
+        result = model.transcribe(clips[name].audio)
+        assert wer(clips[name].reference, result.text) <= bound, (name, result.text)
+
+
+def test_long_form_segments_are_ordered_and_cover_the_clip(base, clips):
+    """two_cities is 44 s: two windows, the second starting where the first's last full
+    segment ended, with no words lost or repeated at the seam."""
+    result = base.transcribe(clips["two_cities"].audio)
+    assert result.stats["windows"] == 2
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts)
+    assert all(s.start < s.end <= result.duration + 1e-6 for s in result.segments)
+    assert result.segments[-1].end > 40.0
+    text = result.text.lower()
+    assert text.count("going direct to heaven") == 1
+    assert text.count("the other way") == 1
+
+
+def test_language_detection_and_english_only_guard(base, tiny, clips):
+    result = base.transcribe(clips["beckett"].audio)
+    assert result.language == "en" and result.language_probability > 0.5
+    with pytest.raises(ValueError, match="English-only"):
+        tiny.transcribe(clips["beckett"].audio, DecodingOptions(language="fr"))
+
+
+def test_without_timestamps_same_words(base, clips):
+    clip = clips["beckett"]
+    result = base.transcribe(clip.audio, DecodingOptions(without_timestamps=True))
+    assert wer(clip.reference, result.text) == 0.0
+    assert len(result.segments) == 1
+
+
+def test_beam_search(base, clips):
+    clip = clips["endgame_nagg_nell"]
+    result = base.transcribe(clip.audio, DecodingOptions(beam_size=5))
+    assert wer(clip.reference, result.text) <= 0.05
+
+
+def test_silence_gives_no_text(base):
+    rng = np.random.default_rng(0)
+    quiet_noise = (rng.standard_normal(16000 * 5) * 1e-4).astype(np.float32)
+    assert base.transcribe(quiet_noise).text == ""
+
+
+def test_tts_speech_per_voice(base):
+    """Synthetic speech from the Debian synthesizers; measured base WER: slt 5%, kal 9%,
+    espeak-ng 11% (espeak is robotic), so the bounds leave room but catch a broken runtime."""
+    bounds = {"flite:slt": 0.10, "flite:kal": 0.15, "espeak-ng:en-us": 0.25}
+    for voice, bound in bounds.items():
+        clips = tts_clips(voices=(voice,))
+        hyps = [base.transcribe(c.audio).text for c in clips]
+        assert wer([c.reference for c in clips], hyps) <= bound, voice
+
+
+def test_split_segments_rules(base):
+    tok = base.tokenizer
+    ts = tok.timestamp_begin
+    words = tok.encode(" hello world")
+    # <0.00> hello world <1.00><1.00> hello world <2.00>  (single timestamp ending)
+    tokens = [ts, *words, ts + 50, ts + 50, *words, ts + 100]
+    pieces, consumed = split_segments(tokens, tok, time_offset=10.0, window_frames=3000)
+    assert [(p[0], p[1]) for p in pieces] == [(10.0, 11.0), (11.0, 12.0)]
+    assert consumed == 3000
+    # A segment cut off by the window: seek to the last complete timestamp (1.00 s = 100 frames).
+    tokens = [ts, *words, ts + 50, ts + 50, *words]
+    pieces, consumed = split_segments(tokens, tok, time_offset=0.0, window_frames=3000)
+    assert len(pieces) == 1 and consumed == 100
+
+
+def test_resampled_input_gives_the_same_transcript(base, clips, tmp_path, ffmpeg):
+    from tests.conftest import convert
+
+    clip = clips["beckett"]
+    path = convert(ffmpeg, clip.audio, tmp_path / "b.flac", 22050, 2)
+    assert len(load_audio(path)) > 0
+    assert wer(clip.reference, base.transcribe(path).text) == 0.0
