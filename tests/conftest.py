@@ -43,3 +43,11 @@ def convert(ffmpeg: str, src: Path, dst: Path, rate: int, channels: int) -> Path
         check=True,
     )
     return dst
+
+
+
+@pytest.fixture(scope="session")
+def fadtk_stats() -> Path:
+    from audiofast.eval.fadtk_data import fadtk_dir
+
+    return fadtk_dir() / "stats" / "fma_pop.npz"

@@ -1,0 +1,96 @@
+"""Accept or reject a candidate against its baseline, with no human in the loop.
+
+Thresholds come from a YAML file (``configs/gates.yaml``); the verdict is an exit code, a
+JSON report and a short markdown report. Sweeps and distillation stages call ``gate_asr`` /
+``gate_audio`` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from audiofast.eval import fad as fad_mod
+from audiofast.eval.roundtrip import load_texts, roundtrip
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
+
+
+@dataclass
+class Verdict:
+    lane: str
+    candidate: str
+    baseline: str
+    passed: bool
+    checks: list[dict] = field(default_factory=list)  # name, value, limit, passed
+    details: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def check(self, name: str, value: float | bool, limit: float | bool, passed: bool) -> None:
+        self.checks.append({"name": name, "value": value, "limit": limit, "passed": passed})
+
+    def markdown(self) -> str:
+        head = "PASS" if self.passed else "FAIL"
+        lines = [f"# Gate ({self.lane}): {head}", "",
+                 f"candidate `{self.candidate}` vs baseline `{self.baseline}` "
+                 f"({self.seconds:.1f} s)", "", "| check | value | limit | |", "|---|---|---|---|"]
+        for c in self.checks:
+            value = c["value"] if isinstance(c["value"], bool) else f"{c['value']:+.4f}"
+            lines.append(f"| {c['name']} | {value} | {c['limit']} | "
+                         f"{'ok' if c['passed'] else 'FAIL'} |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "gate.json").write_text(json.dumps(self.__dict__, indent=2, default=float))
+        (out_dir / "gate.md").write_text(self.markdown())
+
+
+def load_config(path: Path | None = None) -> dict:
+    return yaml.safe_load((path or DEFAULT_CONFIG).read_text())
+
+
+def gate_asr(candidate: str, baseline: str, config: dict, threads: int = 0) -> Verdict:
+    start = time.perf_counter()
+    cfg = config["asr"]
+    texts_path = cfg.get("texts")
+    if texts_path and not Path(texts_path).is_absolute():
+        texts_path = DEFAULT_CONFIG.parents[1] / texts_path
+    report = roundtrip(candidate, baseline, load_texts(texts_path), tuple(cfg["voices"]),
+                       cfg.get("augmentation"), anchors=True, threads=threads)
+    delta = report["delta"]
+    verdict = Verdict("asr", candidate, baseline, passed=False, details=report)
+    tts, real = delta["tts"], delta["real"]
+    verdict.check("tts_wer_delta", tts["delta"], cfg["max_tts_wer_delta"],
+                  tts["delta"] <= cfg["max_tts_wer_delta"])
+    verdict.check("tts_wer_delta_ci_high", tts["ci_high"], cfg["max_tts_ci_high"],
+                  tts["ci_high"] <= cfg["max_tts_ci_high"])
+    verdict.check("real_wer_delta", real["delta"], cfg["max_real_wer_delta"],
+                  real["delta"] <= cfg["max_real_wer_delta"])
+    if cfg.get("fail_on_anchor_conflict", True):
+        verdict.check("anchor_conflict", delta["anchor_conflict"], False,
+                      not delta["anchor_conflict"])
+    verdict.passed = all(c["passed"] for c in verdict.checks)
+    verdict.seconds = time.perf_counter() - start
+    return verdict
+
+
+def gate_audio(candidate: Path, baseline: Path, reference: Path, config: dict,
+               stats_name: str | None = None) -> Verdict:
+    """Candidate audio may be at most ``max_fad_ratio`` times further from the reference."""
+    start = time.perf_counter()
+    cfg = config["audio"]
+    embedder = fad_mod.get_embedder(cfg["embedder"])
+    cand = fad_mod.fad(candidate, reference, embedder, stats_name)
+    base = fad_mod.fad(baseline, reference, embedder, stats_name)
+    ratio = cand.fad / max(base.fad, 1e-12)
+    verdict = Verdict("audio", str(candidate), str(baseline), passed=False,
+                      details={"candidate": cand.__dict__, "baseline": base.__dict__})
+    verdict.check("fad_ratio", ratio, cfg["max_fad_ratio"], ratio <= cfg["max_fad_ratio"])
+    verdict.passed = all(c["passed"] for c in verdict.checks)
+    verdict.seconds = time.perf_counter() - start
+    return verdict

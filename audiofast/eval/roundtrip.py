@@ -1,0 +1,184 @@
+"""Label-free ASR scoring: text -> TTS audio -> the ASR under test -> WER against the text.
+
+Absolute TTS WER says little (synthetic voices cause false alarms); what the judge trusts is
+the *change* against a baseline on the identical audio, with a paired bootstrap confidence
+interval, and the same change on real recordings (the anchor set) beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jiwer
+import numpy as np
+from tqdm import tqdm
+
+from audiofast.audio import load_audio
+from audiofast.eval import augment
+from audiofast.eval.datasets import real_speech_clips, tts_texts
+from audiofast.eval.tts import DEFAULT_VOICES, synthesize
+from audiofast.eval.wer import normalize
+from audiofast.models.packaged import cache_dir
+
+
+@dataclass
+class Utterance:
+    set: str  # "tts" or "real"
+    voice: str  # TTS voice spec, or "human"
+    item: str  # text index or clip name
+    reference: str
+    hypothesis: str
+    errors: int  # substitutions + deletions + insertions, after normalisation
+    words: int  # reference words, after normalisation
+
+
+def count_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    if not ref:
+        raise ValueError("empty reference after normalisation")
+    out = jiwer.process_words(ref, hyp)
+    return out.substitutions + out.deletions + out.insertions, len(ref.split())
+
+
+def corpus_wer(utterances: list[Utterance]) -> float:
+    return sum(u.errors for u in utterances) / max(1, sum(u.words for u in utterances))
+
+
+def bootstrap_delta(
+    candidate: list[Utterance], baseline: list[Utterance], resamples: int = 2000,
+    seed: int = 0, confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """WER(candidate) - WER(baseline) and its paired-bootstrap interval over utterances."""
+    if [(u.voice, u.item) for u in candidate] != [(u.voice, u.item) for u in baseline]:
+        raise ValueError("candidate and baseline must be scored on the same utterances")
+    err_c = np.array([u.errors for u in candidate], dtype=np.float64)
+    err_b = np.array([u.errors for u in baseline], dtype=np.float64)
+    words = np.array([u.words for u in candidate], dtype=np.float64)
+    delta = (err_c.sum() - err_b.sum()) / words.sum()
+    idx = np.random.default_rng(seed).integers(0, len(words), size=(resamples, len(words)))
+    deltas = (err_c[idx].sum(1) - err_b[idx].sum(1)) / words[idx].sum(1)
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(deltas, [tail, 100 - tail])
+    return float(delta), float(lo), float(hi)
+
+
+class CachedASR:
+    """Memoise transcripts by (model identity, audio bytes), so an unchanged baseline costs
+    nothing on the next gate call of a sweep."""
+
+    def __init__(self, spec: str, threads: int = 0):
+        from audiofast.asr.ct2_runtime import CT2Whisper
+
+        model, _, compute_type = spec.partition("@")
+        self.spec = spec
+        self.asr = CT2Whisper(model, threads=threads, compute_type=compute_type or "int8")
+        weights = self.asr.resolved.ct2_dir / "model.bin"
+        stat = weights.stat()
+        identity = f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{compute_type}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        self.cache = cache_dir() / "transcripts" / digest
+
+    def transcribe(self, audio: np.ndarray) -> str:
+        key = hashlib.sha256(np.ascontiguousarray(audio).tobytes()).hexdigest()[:24]
+        path = self.cache / f"{key}.json"
+        if path.is_file():
+            return json.loads(path.read_text())["text"]
+        text = self.asr.transcribe(audio, progress=False).text
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"spec": self.spec, "text": text}))
+        tmp.replace(path)
+        return text
+
+
+@dataclass
+class EvalAudio:
+    set: str
+    voice: str
+    item: str
+    reference: str
+    audio: np.ndarray
+
+
+def build_eval_audio(
+    texts: list[str], voices: tuple[str, ...] = DEFAULT_VOICES, augmentation: str | None = None,
+    anchors: bool = True,
+) -> list[EvalAudio]:
+    """Every text in every voice (augmented if asked), plus the real recordings."""
+    items = [
+        EvalAudio("tts", voice, f"{i:03d}", text,
+                  augment.apply(load_audio(synthesize(text, voice)), augmentation, seed=i))
+        for voice in tqdm(voices, desc="tts", leave=False)
+        for i, text in enumerate(texts)
+    ]
+    if anchors:
+        items += [EvalAudio("real", "human", c.name, c.reference, load_audio(c.audio))
+                  for c in real_speech_clips()]
+    return items
+
+
+def score(asr: CachedASR, items: list[EvalAudio], desc: str = "") -> list[Utterance]:
+    utterances = []
+    for item in tqdm(items, desc=desc or asr.spec, leave=False):
+        hypothesis = asr.transcribe(item.audio)
+        errors, words = count_errors(item.reference, hypothesis)
+        utterances.append(Utterance(item.set, item.voice, item.item, item.reference,
+                                    hypothesis, errors, words))
+    return utterances
+
+
+def summarize(utterances: list[Utterance]) -> dict:
+    tts = [u for u in utterances if u.set == "tts"]
+    real = [u for u in utterances if u.set == "real"]
+    voices, texts = dict.fromkeys(u.voice for u in tts), dict.fromkeys(u.item for u in tts)
+    by_voice = {v: corpus_wer([u for u in tts if u.voice == v]) for v in voices}
+    by_text = {i: corpus_wer([u for u in tts if u.item == i]) for i in texts}
+    return {"tts_wer": corpus_wer(tts) if tts else None,
+            "real_wer": corpus_wer(real) if real else None,
+            "per_voice": by_voice, "per_text": by_text,
+            "per_clip": {u.item: u.errors / u.words for u in real}}
+
+
+def compare(candidate: list[Utterance], baseline: list[Utterance]) -> dict:
+    """Deltas (candidate - baseline) on TTS and on real speech, and the anchor-conflict flag."""
+    pick = lambda us, s: [u for u in us if u.set == s]  # noqa: E731
+    out: dict = {}
+    for name in ("tts", "real"):
+        c, b = pick(candidate, name), pick(baseline, name)
+        if c:
+            delta, lo, hi = bootstrap_delta(c, b)
+            out[name] = {"delta": delta, "ci_low": lo, "ci_high": hi}
+    # TTS says better while real speech says worse: the synthetic set is misleading here.
+    out["anchor_conflict"] = bool(
+        "tts" in out and "real" in out and out["tts"]["delta"] < 0 < out["real"]["delta"]
+    )
+    return out
+
+
+def roundtrip(
+    candidate: str, baseline: str | None = None, texts: list[str] | None = None,
+    voices: tuple[str, ...] = DEFAULT_VOICES, augmentation: str | None = None,
+    anchors: bool = True, threads: int = 0,
+) -> dict:
+    """The full report: candidate figures, and if a baseline is given, its figures and deltas."""
+    items = build_eval_audio(texts or tts_texts(), voices, augmentation, anchors)
+    cand = score(CachedASR(candidate, threads), items, "candidate")
+    report = {"candidate": candidate, "voices": list(voices), "augmentation": augmentation,
+              "candidate_summary": summarize(cand),
+              "utterances": {"candidate": [asdict(u) for u in cand]}}
+    if baseline:
+        base = score(CachedASR(baseline, threads), items, "baseline")
+        report |= {"baseline": baseline, "baseline_summary": summarize(base),
+                   "delta": compare(cand, base)}
+        report["utterances"]["baseline"] = [asdict(u) for u in base]
+    return report
+
+
+def load_texts(path: str | Path | None) -> list[str]:
+    if path is None:
+        return tts_texts()
+    lines = Path(path).read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]

@@ -1,0 +1,146 @@
+"""Scoreboard: audiofast vs faster-whisper on the same weights, threads and audio.
+
+Runs are interleaved (the engine order flips every run) so drift in machine load hits both
+alike; each cell reports the median (and min) of several runs. Prints a table, writes JSON
+and a PNG plot.
+
+    python scripts/bench_asr.py --models whisper-base --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.options import DecodingOptions
+from audiofast.eval.datasets import EvalClip, real_speech_clips
+from audiofast.eval.wer import wer
+
+Engine = Callable[[Path], tuple[str, int]]  # audio path -> (text, generated tokens)
+
+
+def audiofast_engine(model: str, threads: int, beam_size: int) -> Engine:
+    runtime = CT2Whisper(model, threads=threads)
+    options = DecodingOptions(beam_size=beam_size)
+
+    def run(path: Path) -> tuple[str, int]:
+        result = runtime.transcribe(path, options, progress=False)
+        return result.text, sum(len(s.tokens) for s in result.segments)
+
+    return run
+
+
+def faster_whisper_engine(model: str, threads: int, beam_size: int) -> Engine:
+    from faster_whisper import WhisperModel
+
+    from audiofast.models import resolve_model
+
+    fw = WhisperModel(str(resolve_model(model).ct2_dir), device="cpu", compute_type="int8",
+                      cpu_threads=threads)
+
+    def run(path: Path) -> tuple[str, int]:
+        segments, _ = fw.transcribe(str(path), beam_size=beam_size)
+        segments = list(segments)  # the generator does the work
+        return "".join(s.text for s in segments).strip(), sum(len(s.tokens) for s in segments)
+
+    return run
+
+
+def bench(engines: dict[str, Engine], clips: list[EvalClip], runs: int) -> list[dict]:
+    rows = {(e, c.name): {"walls": []} for e in engines for c in clips}
+    shortest = min(clips, key=lambda c: c.audio.stat().st_size)
+    for engine in engines.values():  # warm-up: first-call allocations and caches
+        engine(shortest.audio)
+    for run in range(runs):
+        order = list(engines) if run % 2 == 0 else list(reversed(engines))
+        for clip in clips:
+            for name in order:
+                start = time.perf_counter()
+                text, tokens = engines[name](clip.audio)
+                row = rows[(name, clip.name)]
+                row["walls"].append(time.perf_counter() - start)
+                row.update(text=text, tokens=tokens, wer=wer(clip.reference, text))
+        print(f"run {run + 1}/{runs} done", flush=True)
+
+    from audiofast.audio import load_audio
+
+    durations = {c.name: len(load_audio(c.audio)) / 16000 for c in clips}
+    results = []
+    for (engine, clip), row in rows.items():
+        wall = statistics.median(row["walls"])
+        results.append({
+            "engine": engine, "clip": clip, "audio_s": round(durations[clip], 2),
+            "wall_s": round(wall, 3), "wall_min_s": round(min(row["walls"]), 3),
+            "rtf": round(wall / durations[clip], 4), "tokens": row["tokens"],
+            "tokens_per_s": round(row["tokens"] / wall, 1), "wer": round(row["wer"], 4),
+            "walls": [round(w, 3) for w in row["walls"]], "text": row["text"],
+        })
+    return results
+
+
+def print_table(results: list[dict]) -> None:
+    head = f"{'engine':<32}{'clip':<20}{'audio s':>8}{'wall s':>8}{'min s':>8}{'RTF':>8}"
+    print(head + f"{'tok/s':>8}{'WER %':>8}")
+    for r in results:
+        print(f"{r['engine']:<32}{r['clip']:<20}{r['audio_s']:>8.1f}{r['wall_s']:>8.2f}"
+              f"{r['wall_min_s']:>8.2f}{r['rtf']:>8.3f}{r['tokens_per_s']:>8.1f}"
+              f"{100 * r['wer']:>8.1f}")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = list(dict.fromkeys(r["engine"] for r in results))
+    clips = list(dict.fromkeys(r["clip"] for r in results))
+    width = 0.8 / len(engines)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, engine in enumerate(engines):
+        walls = [next(r["wall_s"] for r in results if r["engine"] == engine and r["clip"] == c)
+                 for c in clips]
+        ax.bar([x + i * width for x in range(len(clips))], walls, width, label=engine)
+    ax.set_xticks([x + width * (len(engines) - 1) / 2 for x in range(len(clips))], clips)
+    ax.set_ylabel("wall time, s (median)")
+    ax.set_title("Transcription wall time per clip (lower is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["whisper-base"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--clips", nargs="*", default=None, help="clip names (default: all)")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
+    args = parser.parse_args()
+
+    clips = [c for c in real_speech_clips() if not args.clips or c.name in args.clips]
+    results = []
+    for model in args.models:
+        engines = {
+            f"faster-whisper/{model}": faster_whisper_engine(model, args.threads, args.beam_size),
+            f"audiofast-ct2/{model}": audiofast_engine(model, args.threads, args.beam_size),
+        }
+        results += bench(engines, clips, args.runs)
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+            "beam_size": args.beam_size, "runs": args.runs, "statistic": "median"}
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
