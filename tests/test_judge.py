@@ -9,14 +9,18 @@ import pytest
 
 from audiofast.audio import load_audio
 from audiofast.eval import augment
+from audiofast.eval.datasets import tts_texts
 from audiofast.eval.gate import gate_asr, load_config
 from audiofast.eval.roundtrip import (
     CachedASR,
+    EvalAudio,
     Utterance,
+    assign,
     bootstrap_delta,
     build_eval_audio,
     compare,
     corpus_wer,
+    pack,
     score,
 )
 from audiofast.eval.tts import Voice, synthesize
@@ -61,15 +65,18 @@ def test_tts_cache_and_settings(tmp_path, monkeypatch):
         synthesize("   ", "flite:slt")
 
 
-# Measured base WER on the two texts: every voice transcribes them exactly or nearly.
+# whisper-base WER per voice on the eight eval sentences, measured: slt 5%, kal 10%, awb 6%,
+# rms 6%, espeak-ng en-us 11%, en-gb (low pitch) 18%, piper joe 3% (3% at rate 1.3).
+# Bounds leave room for int8 thread noise but fail on a broken synthesizer or ASR.
 @pytest.mark.parametrize(("voice", "bound"), [
-    ("flite:slt", 0.05), ("flite:kal", 0.1), ("flite:awb", 0.15), ("flite:rms", 0.15),
-    ("espeak-ng:en-us", 0.2), ("espeak-ng:en-gb@pitch=30", 0.25), ("piper:joe", 0.05),
+    ("flite:slt", 0.10), ("flite:kal", 0.15), ("flite:awb", 0.12), ("flite:rms", 0.12),
+    ("espeak-ng:en-us", 0.2), ("espeak-ng:en-gb@pitch=30", 0.3), ("piper:joe", 0.06),
     ("piper:joe@rate=1.3", 0.1),
 ])
 def test_each_voice_is_transcribed(base, voice, bound):
-    hyps = [base.transcribe(synthesize(t, voice)).text for t in TEXTS]
-    assert wer(TEXTS, hyps) <= bound, hyps
+    texts = tts_texts()
+    hyps = [base.transcribe(synthesize(t, voice)).text for t in texts]
+    assert wer(texts, hyps) <= bound, hyps
 
 
 def test_augmentations_keep_length_and_change_audio(clips):
@@ -113,6 +120,19 @@ def test_anchor_conflict_is_flagged():
     assert compare(utts([0, 0, 0], [0, 0, 0]), base)["anchor_conflict"] is False
 
 
+def test_packing_and_segment_assignment():
+    def item(voice, seconds, name):
+        return EvalAudio("tts", voice, name, name, np.ones(int(seconds * 16000), np.float32))
+
+    items = [item("a", 3, "0"), item("a", 4, "1"), item("a", 20, "2"), item("b", 2, "3")]
+    packs = pack(items, max_seconds=24.0, gap=1.5)
+    assert [[m[0].item for m in p.members] for p in packs] == [["0", "1"], ["2"], ["3"]]
+    assert [(m[1], m[2]) for m in packs[0].members] == [(1.5, 4.5), (6.0, 10.0)]
+    assert len(packs[0].audio) == int((1.5 + 3 + 1.5 + 4 + 1.5) * 16000)
+    segments = [(1.4, 4.6, " one"), (5.9, 8.0, " two"), (8.0, 10.2, " three")]
+    assert assign(segments, packs[0].members) == [" one", " two three"]
+
+
 def test_roundtrip_scores_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("AUDIOFAST_CACHE", str(tmp_path))
     items = build_eval_audio(TEXTS, ("flite:slt",), anchors=True)
@@ -121,7 +141,8 @@ def test_roundtrip_scores_and_caches(tmp_path, monkeypatch):
     first = score(asr, items)
     assert corpus_wer([u for u in first if u.set == "tts"]) == 0.0
     assert corpus_wer([u for u in first if u.set == "real"]) < 0.05
-    assert len(list(asr.cache.iterdir())) == len(items)
+    # Both TTS sentences share one packed window; each real clip is its own.
+    assert len(list(asr.cache.iterdir())) == 1 + 4
     asr.asr = None  # a second pass must not touch the model at all
     assert [u.hypothesis for u in score(asr, items)] == [u.hypothesis for u in first]
 

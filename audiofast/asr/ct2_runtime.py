@@ -8,7 +8,6 @@ import ctranslate2
 import numpy as np
 import torch
 
-from audiofast.asr.features import pad_or_trim
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
@@ -35,7 +34,8 @@ class CT2Whisper:
         self.default_suppress_ids: list[int] = config.get("suppress_ids", [])
 
     def encode(self, mel_window: torch.Tensor) -> ctranslate2.StorageView:
-        features = pad_or_trim(mel_window)[None].contiguous().numpy()
+        """Encode a (n_mels, frames) window; frames is 3000 unless the caller trims padding."""
+        features = mel_window[None].contiguous().numpy()
         return self.model.encode(ctranslate2.StorageView.from_array(features))
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:

@@ -88,15 +88,13 @@ class WhisperEmbedder:
         self.runtime = CT2Whisper(model, threads=threads)
 
     def embed(self, audio: np.ndarray) -> np.ndarray:
-        import torch
-
-        from audiofast.asr.features import N_SAMPLES, log_mel_spectrogram
+        from audiofast.asr.features import N_SAMPLES, log_mel_spectrogram, pad_or_trim
 
         chunks = []
         for start in range(0, len(audio), N_SAMPLES):
             piece = audio[start : start + N_SAMPLES]
-            mel = log_mel_spectrogram(piece, self.runtime.n_mels)
-            encoded = np.array(self.runtime.encode(torch.as_tensor(mel)))[0]
+            mel = pad_or_trim(log_mel_spectrogram(piece, self.runtime.n_mels))
+            encoded = np.array(self.runtime.encode(mel))[0]
             frames = max(2, int(np.ceil(len(piece) / (2 * 160))))  # 2 mel frames per output
             chunks.append(encoded[:frames])
         return np.concatenate(chunks).astype(np.float32)
