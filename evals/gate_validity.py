@@ -2,14 +2,15 @@
 
 Candidates of known, different quality (tiny.en, base at several precisions, base with a
 damaged decoder) are scored on the synthetic set and on the real-speech anchor set; the
-rankings are compared with Kendall's tau. Writes evals/gate_validity.json and prints a
-markdown table (pasted into evals/gate_validity.md).
+rankings are compared with Kendall's tau. Writes evals/gate_validity[_AUG].json and
+prints a markdown table (pasted into evals/gate_validity.md).
 
-    python evals/gate_validity.py
+    python evals/gate_validity.py [--augment noise:15]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -34,7 +35,10 @@ def candidates() -> dict[str, str]:
 
 
 def main() -> None:
-    items = build_eval_audio(tts_texts(), DEFAULT_VOICES, anchors=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--augment", default=None, help="e.g. noise:15 (see eval/augment.py)")
+    args = parser.parse_args()
+    items = build_eval_audio(tts_texts(), DEFAULT_VOICES, args.augment, anchors=True)
     rows = []
     for label, spec in candidates().items():
         start = time.perf_counter()
@@ -46,8 +50,10 @@ def main() -> None:
                      "per_voice": {v: corpus_wer([u for u in tts if u.voice == v])
                                    for v in DEFAULT_VOICES}})
     tau, p = kendalltau([r["tts_wer"] for r in rows], [r["real_wer"] for r in rows])
-    out = Path(__file__).with_name("gate_validity.json")
-    out.write_text(json.dumps({"rows": rows, "kendall_tau": tau, "p_value": p}, indent=2))
+    suffix = f"_{args.augment.replace(':', '')}" if args.augment else ""
+    out = Path(__file__).with_name(f"gate_validity{suffix}.json")
+    out.write_text(json.dumps({"augmentation": args.augment, "rows": rows, "kendall_tau": tau,
+                               "p_value": p}, indent=2))
     voices = " | ".join(DEFAULT_VOICES)
     print(f"| candidate | TTS WER % | real WER % | {voices} |")
     print("|---|---|---|" + "---|" * len(DEFAULT_VOICES))

@@ -1,0 +1,138 @@
+"""One decoding loop for the owned engine: Whisper's logit rules, then greedy with optional
+drafts verified in one pass (gpt-fast style), or temperature sampling for fallback.
+
+Greedy verification is lossless: a drafted token is kept only if it is exactly what greedy
+decoding would have picked at that position under the same rules, so the output equals plain
+greedy token for token; drafts only change how many engine calls it takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from audiofast.asr.engine import WhisperDecoderEngine
+from audiofast.asr.tokenizer import WhisperTokenizer
+
+
+@dataclass
+class LogitRules:
+    """Whisper's constraints on the next token given the tokens generated so far."""
+
+    tokenizer: WhisperTokenizer
+    suppress: list[int]  # never generated
+    suppress_at_begin: list[int]  # not as the first token (blank, end-of-text)
+    timestamps: bool
+    max_initial_timestamp_index: int = 50
+
+    def apply(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
+        logits = logits.clone()
+        ts = self.tokenizer.timestamp_begin
+        logits[self.suppress] = -torch.inf
+        if not generated:
+            logits[self.suppress_at_begin] = -torch.inf
+        if not self.timestamps:
+            logits[ts:] = -torch.inf
+            return logits
+        last_is_ts = bool(generated) and generated[-1] >= ts
+        penultimate_is_ts = len(generated) < 2 or generated[-2] >= ts
+        if last_is_ts:
+            if penultimate_is_ts:  # a pair just closed: text must follow
+                logits[ts:] = -torch.inf
+            else:  # a segment just ended: another timestamp or the end
+                logits[: self.tokenizer.eot] = -torch.inf
+        stamps = [t for t in generated if t >= ts]
+        if stamps:  # never go back in time; a new segment must have non-zero length
+            floor = stamps[-1] if last_is_ts and not penultimate_is_ts else stamps[-1] + 1
+            logits[ts:floor] = -torch.inf
+        if not generated:  # begin with a timestamp, and not too late
+            logits[:ts] = -torch.inf
+            logits[ts + self.max_initial_timestamp_index + 1 :] = -torch.inf
+        logprobs = logits.log_softmax(-1)
+        if logprobs[ts:].logsumexp(-1) > logprobs[:ts].max():
+            logits[:ts] = -torch.inf  # timestamps together outweigh any text token
+        return logits
+
+
+class Drafter(Protocol):
+    def propose(self, context: list[int]) -> list[int]: ...
+
+    def feedback(self, drafted: int, accepted: int) -> None: ...
+
+
+@dataclass
+class DecodeOutput:
+    tokens: list[int]
+    sum_logprob: float
+    no_speech_prob: float
+    engine_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_call: list[int] = field(default_factory=list)
+
+
+def greedy_decode(
+    engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
+    drafter: Drafter | None = None,
+) -> DecodeOutput:
+    """Greedy decoding; with a drafter, each engine call verifies the drafted continuation."""
+    tok = rules.tokenizer
+    logits = engine(torch.tensor(prompt), 0)
+    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
+    out = DecodeOutput([], 0.0, no_speech, engine_calls=1)
+    last, position = logits[-1], len(prompt)
+    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
+    while True:
+        logprobs = rules.apply(last, out.tokens).log_softmax(-1)
+        token = int(logprobs.argmax())
+        out.sum_logprob += logprobs[token].item()
+        if token == tok.eot or len(out.tokens) >= limit:
+            break
+        out.tokens.append(token)
+        draft = drafter.propose(prompt + out.tokens) if drafter else []
+        draft = draft[: max(0, limit - len(out.tokens))]
+        rows = engine(torch.tensor([token, *draft]), position)
+        out.engine_calls += 1
+        accepted = 0
+        for j, guess in enumerate(draft):  # rows[j] predicts the token after draft[j - 1]
+            logprobs = rules.apply(rows[j], out.tokens).log_softmax(-1)
+            if int(logprobs.argmax()) != guess:
+                break
+            out.tokens.append(guess)
+            out.sum_logprob += logprobs[guess].item()
+            accepted += 1
+        if drafter:
+            drafter.feedback(len(draft), accepted)
+            out.drafted += len(draft)
+            out.accepted += accepted
+            out.accepted_per_call.append(accepted + 1)
+        position += 1 + accepted
+        last = rows[accepted]
+    return out
+
+
+def sample_decode(
+    engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
+    temperature: float, generator: torch.Generator,
+) -> DecodeOutput:
+    """One sample at ``temperature`` (the fallback when greedy output looks wrong)."""
+    tok = rules.tokenizer
+    logits = engine(torch.tensor(prompt), 0)
+    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
+    out = DecodeOutput([], 0.0, no_speech, engine_calls=1)
+    last, position = logits[-1], len(prompt)
+    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
+    while True:
+        filtered = rules.apply(last, out.tokens)
+        probs = (filtered / temperature).softmax(-1)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+        out.sum_logprob += filtered.log_softmax(-1)[token].item()
+        if token == tok.eot or len(out.tokens) >= limit:
+            break
+        out.tokens.append(token)
+        last = engine(torch.tensor([token]), position)[0]
+        position += 1
+        out.engine_calls += 1
+    return out

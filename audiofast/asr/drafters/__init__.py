@@ -1,0 +1,1 @@
+"""Task-domain drafters: cheap guesses of the next tokens, verified losslessly by the target."""

@@ -1,0 +1,165 @@
+"""The Whisper decoder as our own PyTorch module: the engine drafts are verified on.
+
+CTranslate2 has no call that returns per-position logits for a given token sequence; this
+engine does (``forward(tokens, start)`` gives logits for every fed position in one pass),
+with a preallocated self-attention KV cache and cross-attention K/V computed once per window.
+
+Weights can be fp32, bf16, or weight-only int8 (per-output-row scales, fp32 activations).
+Weight-only quantization keeps each row's computation independent of the other rows in the
+batch, so verifying k drafted tokens in one pass gives the same logits as feeding them one at
+a time: dynamic activation quantization (one scale per batch) would break that, and with it
+lossless speculative decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Precision = Literal["fp32", "bf16", "int8"]
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W stored as int8 rows and one fp scale per row."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        self.register_buffer("qweight", torch.round(weight / scale[:, None]).to(torch.int8))
+        self.register_buffer("scale", scale)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]), self.qweight, self.scale)
+        y = y.reshape(*shape[:-1], -1)
+        return y + self.bias if self.bias is not None else y
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    layer.weight.data.copy_(weight)
+    if bias is not None:
+        layer.bias.data.copy_(bias)
+    return layer
+
+
+def _fuse(*linears: nn.Linear) -> nn.Linear:
+    """One Linear computing several projections of the same input (zero bias where absent)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = torch.cat([
+        lin.bias.detach() if lin.bias is not None else torch.zeros(lin.out_features)
+        for lin in linears
+    ])
+    return _linear(weight, bias)
+
+
+def _layer_norm(ln: nn.LayerNorm) -> nn.LayerNorm:
+    out = nn.LayerNorm(ln.normalized_shape, eps=ln.eps)
+    out.load_state_dict(ln.state_dict())
+    return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, hf_layer):
+        super().__init__()
+        sa, ca = hf_layer.self_attn, hf_layer.encoder_attn
+        self.self_ln = _layer_norm(hf_layer.self_attn_layer_norm)
+        self.qkv = _fuse(sa.q_proj, sa.k_proj, sa.v_proj)
+        self.self_out = _linear(sa.out_proj.weight.detach(), sa.out_proj.bias.detach())
+        self.cross_ln = _layer_norm(hf_layer.encoder_attn_layer_norm)
+        self.cross_q = _linear(ca.q_proj.weight.detach(), ca.q_proj.bias.detach())
+        self.cross_kv = _fuse(ca.k_proj, ca.v_proj)
+        self.cross_out = _linear(ca.out_proj.weight.detach(), ca.out_proj.bias.detach())
+        self.ffn_ln = _layer_norm(hf_layer.final_layer_norm)
+        self.fc1 = _linear(hf_layer.fc1.weight.detach(), hf_layer.fc1.bias.detach())
+        self.fc2 = _linear(hf_layer.fc2.weight.detach(), hf_layer.fc2.bias.detach())
+
+
+class WhisperDecoderEngine(nn.Module):
+    """Whisper's text decoder with a static KV cache, for one audio window at a time."""
+
+    def __init__(self, hf_model, precision: Precision = "int8"):
+        super().__init__()
+        decoder = hf_model.model.decoder
+        cfg = hf_model.config
+        self.n_heads = cfg.decoder_attention_heads
+        self.d_model = cfg.d_model
+        self.n_ctx = cfg.max_target_positions
+        self.embed = nn.Embedding.from_pretrained(decoder.embed_tokens.weight.detach().clone())
+        self.positions = decoder.embed_positions.weight.detach().clone()
+        self.layers = nn.ModuleList(DecoderLayer(layer) for layer in decoder.layers)
+        self.final_ln = _layer_norm(decoder.layer_norm)
+        head = hf_model.proj_out.weight.detach()
+        self.lm_head = _linear(head.clone(), None)
+        self.precision = precision
+        self._cast(precision)
+        head_dim = self.d_model // self.n_heads
+        shape = (len(self.layers), 1, self.n_heads, self.n_ctx, head_dim)
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.k_cache = torch.zeros(shape, dtype=self.dtype)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        self.cross_k: list[torch.Tensor] = []
+        self.cross_v: list[torch.Tensor] = []
+        self.eval()
+
+    def _cast(self, precision: Precision) -> None:
+        if precision == "bf16":
+            self.to(torch.bfloat16)
+            self.positions = self.positions.to(torch.bfloat16)
+        elif precision == "int8":
+            for layer in self.layers:
+                for name in ("qkv", "self_out", "cross_q", "cross_kv", "cross_out", "fc1", "fc2"):
+                    setattr(layer, name, Int8Linear(getattr(layer, name)))
+            self.lm_head = Int8Linear(self.lm_head)
+        elif precision != "fp32":
+            raise ValueError(f"precision must be fp32, bf16 or int8, not {precision!r}")
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) -> (1, heads, n, head_dim)."""
+        return x.view(1, x.shape[0], self.n_heads, -1).transpose(1, 2)
+
+    @torch.inference_mode()
+    def set_audio(self, encoder_out: torch.Tensor) -> None:
+        """Project the window's encoder output to cross-attention K/V, once per window."""
+        enc = encoder_out.reshape(-1, self.d_model).to(self.dtype)
+        self.cross_k, self.cross_v = [], []
+        for layer in self.layers:
+            k, v = layer.cross_kv(enc).chunk(2, dim=-1)
+            self.cross_k.append(self._heads(k).contiguous())
+            self.cross_v.append(self._heads(v).contiguous())
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Logits (n, vocab) for ``tokens`` placed at positions start .. start + n - 1.
+
+        Cache entries past ``start + n`` may hold stale keys from rejected drafts; they are
+        never read, because attention only looks at positions < start + n.
+        """
+        n = tokens.shape[0]
+        end = start + n
+        if end > self.n_ctx:
+            raise ValueError(f"sequence of {end} tokens exceeds the decoder context {self.n_ctx}")
+        x = self.embed(tokens).to(self.dtype) + self.positions[start:end]
+        causal = None
+        if n > 1:  # query i (position start + i) sees keys 0 .. start + i
+            causal = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(layer.self_ln(x)).chunk(3, dim=-1)
+            self.k_cache[i, :, :, start:end] = self._heads(k)
+            self.v_cache[i, :, :, start:end] = self._heads(v)
+            attn = F.scaled_dot_product_attention(
+                self._heads(q), self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end],
+                attn_mask=causal,
+            )
+            x = x + layer.self_out(attn.transpose(1, 2).reshape(n, -1))
+            q = self._heads(layer.cross_q(layer.cross_ln(x)))
+            attn = F.scaled_dot_product_attention(q, self.cross_k[i], self.cross_v[i])
+            x = x + layer.cross_out(attn.transpose(1, 2).reshape(n, -1))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.ffn_ln(x))))
+        return self.lm_head(self.final_ln(x)).float()

@@ -1,0 +1,82 @@
+"""The fast path: CTranslate2's int8 encoder + our own decoder engine (+ optional drafter)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.decoding import Drafter, LogitRules, greedy_decode, sample_decode
+from audiofast.asr.drafters.ngram import NgramDrafter
+from audiofast.asr.engine import Precision, WhisperDecoderEngine
+from audiofast.asr.longform import WindowResult, transcribe_audio
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
+from audiofast.asr.types import Transcription
+from audiofast.audio import AudioSource, load_audio
+from audiofast.models.ct2_to_hf import whisper_from_ct2
+
+
+class FastWhisper:
+    """Same interface as :class:`CT2Whisper`; decodes on :class:`WhisperDecoderEngine`."""
+
+    def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
+                 drafter: str = "none", seed: int = 0):
+        self.ct2 = CT2Whisper(model, threads=threads)
+        if threads:
+            torch.set_num_threads(threads)
+        self.tokenizer = self.ct2.tokenizer
+        self.n_mels = self.ct2.n_mels
+        hf_model, _ = whisper_from_ct2(self.ct2.resolved.ct2_dir)
+        self.engine = WhisperDecoderEngine(hf_model, precision)
+        del hf_model
+        self.drafter_name = drafter
+        self.generator = torch.Generator().manual_seed(seed)
+        self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
+
+    def make_drafter(self) -> Drafter | None:
+        if self.drafter_name == "none":
+            return None
+        if self.drafter_name == "ngram":
+            return NgramDrafter(special_from=self.tokenizer.eot)
+        raise ValueError(f"unknown drafter {self.drafter_name!r}: none or ngram")
+
+    def encode(self, mel_window: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.array(self.ct2.encode(mel_window)))
+
+    def detect_language(self, encoded: torch.Tensor) -> tuple[str, float]:
+        import ctranslate2
+
+        return self.ct2.detect_language(ctranslate2.StorageView.from_array(encoded.numpy()))
+
+    def rules(self, options: DecodingOptions, prompt: list[int]) -> LogitRules:
+        tok = self.tokenizer
+        return LogitRules(
+            tok,
+            suppress=tok.suppressed_tokens(options.suppress_tokens, self.ct2.default_suppress_ids),
+            suppress_at_begin=[tok.encode(" ")[0], tok.eot] if options.suppress_blank else [],
+            timestamps=tok.no_timestamps not in prompt,
+            max_initial_timestamp_index=round(options.max_initial_timestamp / TIME_PER_TIMESTAMP),
+        )
+
+    def decode(self, encoded: torch.Tensor, prompt: list[int], options: DecodingOptions,
+               temperature: float) -> WindowResult:
+        if options.beam_size > 1 and temperature == 0:
+            raise NotImplementedError("the fast engine decodes greedily; use --engine ct2 for beams")
+        self.engine.set_audio(encoded)
+        rules = self.rules(options, prompt)
+        if temperature == 0:
+            out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens,
+                                self.make_drafter())
+        else:
+            samples = [sample_decode(self.engine, prompt, rules, options.max_new_tokens,
+                                     temperature, self.generator) for _ in range(options.best_of)]
+            out = max(samples, key=lambda s: s.sum_logprob / (len(s.tokens) + 1))
+        for key in ("engine_calls", "drafted", "accepted"):
+            self.stats[key] += getattr(out, key)
+        self.stats["tokens"] += len(out.tokens) + 1
+        return WindowResult(out.tokens, out.sum_logprob / (len(out.tokens) + 1), out.no_speech_prob)
+
+    def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
+                   progress: bool | None = None) -> Transcription:
+        return transcribe_audio(self, load_audio(audio), options, progress)
