@@ -4,15 +4,17 @@ CTranslate2 has no call that returns per-position logits for a given token seque
 engine does (``forward(tokens, start)`` gives logits for every fed position in one pass),
 with a preallocated self-attention KV cache and cross-attention K/V computed once per window.
 
-Weights can be fp32, bf16, or weight-only int8 (per-output-row scales, fp32 activations).
-Weight-only quantization keeps each row's computation independent of the other rows in the
-batch, so verifying k drafted tokens in one pass gives the same logits as feeding them one at
-a time: dynamic activation quantization (one scale per batch) would break that, and with it
-lossless speculative decoding.
+Weights can be fp32, bf16, or int8 (fbgemm dynamic quantization: int8 weights per tensor,
+activations quantized on the fly). Measured on this AVX2 CPU, 2 threads: the 51865 x 512
+output head takes 16.8 ms per token in fp32 and 1.4 ms in dynamic int8 (CTranslate2 int8:
+~10.7 ms for the whole token). Caveat for drafts: dynamic quantization picks one activation
+scale per call, so a verified row can differ by rounding from the same row fed alone; greedy
+equality with plain decoding is therefore checked on real audio (tests), not assumed.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import torch
@@ -20,25 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 Precision = Literal["fp32", "bf16", "int8"]
-
-
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W stored as int8 rows and one fp scale per row."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        self.register_buffer("qweight", torch.round(weight / scale[:, None]).to(torch.int8))
-        self.register_buffer("scale", scale)
-        bias = linear.bias.detach().float() if linear.bias is not None else None
-        self.register_buffer("bias", bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]), self.qweight, self.scale)
-        y = y.reshape(*shape[:-1], -1)
-        return y + self.bias if self.bias is not None else y
 
 
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
@@ -113,10 +96,11 @@ class WhisperDecoderEngine(nn.Module):
             self.to(torch.bfloat16)
             self.positions = self.positions.to(torch.bfloat16)
         elif precision == "int8":
-            for layer in self.layers:
-                for name in ("qkv", "self_out", "cross_q", "cross_kv", "cross_out", "fc1", "fc2"):
-                    setattr(layer, name, Int8Linear(getattr(layer, name)))
-            self.lm_head = Int8Linear(self.lm_head)
+            with warnings.catch_warnings():  # torch.ao's eager API is deprecated, still fastest
+                warnings.simplefilter("ignore")
+                torch.ao.quantization.quantize_dynamic(
+                    self, {nn.Linear}, dtype=torch.qint8, inplace=True
+                )
         elif precision != "fp32":
             raise ValueError(f"precision must be fp32, bf16 or int8, not {precision!r}")
 

@@ -62,7 +62,7 @@ class FastWhisper:
     def decode(self, encoded: torch.Tensor, prompt: list[int], options: DecodingOptions,
                temperature: float) -> WindowResult:
         if options.beam_size > 1 and temperature == 0:
-            raise NotImplementedError("the fast engine decodes greedily; use --engine ct2 for beams")
+            raise NotImplementedError("the fast engine is greedy; use --engine ct2 for beams")
         self.engine.set_audio(encoded)
         rules = self.rules(options, prompt)
         if temperature == 0:

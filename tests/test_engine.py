@@ -1,0 +1,72 @@
+"""The owned decoder engine and lossless drafting (fp32: the precision that is batch-exact)."""
+
+import pytest
+import torch
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.drafters.ngram import NgramDrafter, build_table
+from audiofast.asr.fast_runtime import FastWhisper
+
+
+@pytest.fixture(scope="module")
+def fast_fp32():
+    return FastWhisper("whisper-base", threads=2, precision="fp32")
+
+
+def test_one_pass_verification_equals_token_by_token(fast_fp32, clips):
+    """forward(k tokens) gives the logits of feeding them one at a time (the KV cache and the
+    causal mask are right), the basis of draft verification."""
+    engine = fast_fp32.engine
+    mel = torch.zeros(80, 3000)
+    engine.set_audio(fast_fp32.encode(mel))
+    tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291])
+    together = engine(tokens, 0)
+    apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(len(tokens))])
+    assert torch.allclose(together, apart, atol=1e-3, rtol=1e-4)
+    # Continuing from a cached prefix: positions 5.. fed at once after 0..4 one by one.
+    tail = engine(tokens[5:], 5)
+    assert torch.allclose(tail, apart[5:], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("clip", ["beckett", "clone-test", "endgame_nagg_nell"])
+def test_engine_greedy_matches_ctranslate2_fp32(fast_fp32, clips, clip):
+    fast_fp32.drafter_name = "none"
+    reference = CT2Whisper("whisper-base", threads=2, compute_type="float32")
+    ours = fast_fp32.transcribe(clips[clip].audio)
+    theirs = reference.transcribe(clips[clip].audio)
+    assert ours.text == theirs.text
+    # Timestamp tokens sit in near-ties (neighbouring 20 ms steps), where fp32 rounding
+    # differences between the two implementations may pick a neighbour or split a segment.
+    assert abs(ours.segments[-1].end - theirs.segments[-1].end) <= 1.0
+
+
+@pytest.mark.parametrize("clip", ["two_cities", "endgame_nagg_nell"])
+def test_ngram_drafting_is_lossless(fast_fp32, clips, clip):
+    fast_fp32.drafter_name = "none"
+    plain = fast_fp32.transcribe(clips[clip].audio)
+    fast_fp32.drafter_name = "ngram"
+    before = dict(fast_fp32.stats)
+    drafted = fast_fp32.transcribe(clips[clip].audio)
+    assert [s.tokens for s in drafted.segments] == [s.tokens for s in plain.segments]
+    assert fast_fp32.stats["accepted"] > before["accepted"]  # drafts were used, not skipped
+    assert fast_fp32.stats["engine_calls"] - before["engine_calls"] < drafted.stats["tokens"]
+
+
+def test_ngram_drafter_lookup_and_adaptive_length():
+    drafter = NgramDrafter(special_from=100, max_ngram=3)
+    context = [1, 2, 3, 4, 5, 6, 9, 2, 3]
+    assert drafter.propose(context) == [4, 5, 6, 9]  # after the earlier "2 3"
+    drafter.feedback(drafted=4, accepted=4)
+    assert drafter.draft_len == 6
+    drafter.feedback(drafted=6, accepted=1)
+    assert drafter.draft_len == 2
+    assert NgramDrafter(special_from=5).propose([1, 2, 3, 7, 1, 2]) == [3]  # stops at specials
+    assert NgramDrafter(special_from=100).propose([1, 2, 3]) == []  # nothing to look up
+
+
+def test_domain_table_drafts_unseen_context():
+    words = {"the": 1, "old": 2, "church": 3, "bell": 4, "rang": 5}
+    encode = lambda text: [words[w] for w in text.split()]  # noqa: E731
+    table = build_table(["the old church bell rang", "the old church"], encode)
+    drafter = NgramDrafter(special_from=100, table=table)
+    assert drafter.propose([9, 9, 1, 2]) == [3, 4, 5]
