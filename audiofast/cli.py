@@ -24,6 +24,12 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
+    p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
+                   help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
+    p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="fp32",
+                   help="weights of the fast engine (fp32: drafts provably lossless)")
+    p.add_argument("--drafter", choices=["none", "ngram"], default="none",
+                   help="fast engine: draft tokens verified losslessly by the model")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -43,7 +49,13 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
     )
-    model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type)
+    if args.engine == "fast":
+        from audiofast.asr.fast_runtime import FastWhisper
+
+        model = FastWhisper(args.model, threads=args.threads, precision=args.precision,
+                            drafter=args.drafter)
+    else:
+        model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type)
     failures = 0
     for path in args.files:
         try:

@@ -4,7 +4,7 @@ Runs are interleaved (the engine order flips every run) so drift in machine load
 alike; each cell reports the median (and min) of several runs. Prints a table, writes JSON
 and a PNG plot.
 
-    python scripts/bench_asr.py --models whisper-base --runs 3
+    python scripts/bench_asr.py --models whisper-base --runs 3 [--fast fp32 fp32+ngram int8]
 """
 
 from __future__ import annotations
@@ -18,20 +18,36 @@ from collections.abc import Callable
 from pathlib import Path
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.fast_runtime import FastWhisper
 from audiofast.asr.options import DecodingOptions
 from audiofast.eval.datasets import EvalClip, real_speech_clips
 from audiofast.eval.wer import wer
 
-Engine = Callable[[Path], tuple[str, int]]  # audio path -> (text, generated tokens)
+# audio path -> text, generated tokens, and whatever timings the engine reports
+Engine = Callable[[Path], dict]
 
 
-def audiofast_engine(model: str, threads: int, beam_size: int) -> Engine:
-    runtime = CT2Whisper(model, threads=threads)
+def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None) -> Engine:
+    """The CTranslate2 runtime, or with ``fast="PRECISION[+ngram]"`` the owned engine."""
+    if fast:
+        precision, _, drafter = fast.partition("+")
+        runtime = FastWhisper(model, threads=threads, precision=precision,
+                              drafter=drafter or "none")
+    else:
+        runtime = CT2Whisper(model, threads=threads)
     options = DecodingOptions(beam_size=beam_size)
 
-    def run(path: Path) -> tuple[str, int]:
+    def run(path: Path) -> dict:
+        before = dict(getattr(runtime, "stats", {}))
         result = runtime.transcribe(path, options, progress=False)
-        return result.text, sum(len(s.tokens) for s in result.segments)
+        stats = result.stats
+        out = {"text": result.text, "tokens": sum(len(s.tokens) for s in result.segments),
+               "encoder_s": stats["encoder_s"],
+               "decoder_ms_per_token": 1000 * stats["decoder_s"] / max(1, stats["tokens"])}
+        if fast:
+            calls = runtime.stats["engine_calls"] - before.get("engine_calls", 0)
+            out["tokens_per_call"] = stats["tokens"] / max(1, calls)
+        return out
 
     return run
 
@@ -44,10 +60,11 @@ def faster_whisper_engine(model: str, threads: int, beam_size: int) -> Engine:
     fw = WhisperModel(str(resolve_model(model).ct2_dir), device="cpu", compute_type="int8",
                       cpu_threads=threads)
 
-    def run(path: Path) -> tuple[str, int]:
+    def run(path: Path) -> dict:
         segments, _ = fw.transcribe(str(path), beam_size=beam_size)
         segments = list(segments)  # the generator does the work
-        return "".join(s.text for s in segments).strip(), sum(len(s.tokens) for s in segments)
+        return {"text": "".join(s.text for s in segments).strip(),
+                "tokens": sum(len(s.tokens) for s in segments)}
 
     return run
 
@@ -62,10 +79,14 @@ def bench(engines: dict[str, Engine], clips: list[EvalClip], runs: int) -> list[
         for clip in clips:
             for name in order:
                 start = time.perf_counter()
-                text, tokens = engines[name](clip.audio)
+                out = engines[name](clip.audio)
                 row = rows[(name, clip.name)]
                 row["walls"].append(time.perf_counter() - start)
-                row.update(text=text, tokens=tokens, wer=wer(clip.reference, text))
+                for key in ("encoder_s", "decoder_ms_per_token", "tokens_per_call"):
+                    if key in out:
+                        row.setdefault(key, []).append(out[key])
+                row.update(text=out["text"], tokens=out["tokens"],
+                           wer=wer(clip.reference, out["text"]))
         print(f"run {run + 1}/{runs} done", flush=True)
 
     from audiofast.audio import load_audio
@@ -80,17 +101,22 @@ def bench(engines: dict[str, Engine], clips: list[EvalClip], runs: int) -> list[
             "rtf": round(wall / durations[clip], 4), "tokens": row["tokens"],
             "tokens_per_s": round(row["tokens"] / wall, 1), "wer": round(row["wer"], 4),
             "walls": [round(w, 3) for w in row["walls"]], "text": row["text"],
+            **{key: round(statistics.median(row[key]), 3)
+               for key in ("encoder_s", "decoder_ms_per_token", "tokens_per_call") if key in row},
         })
     return results
 
 
 def print_table(results: list[dict]) -> None:
-    head = f"{'engine':<32}{'clip':<20}{'audio s':>8}{'wall s':>8}{'min s':>8}{'RTF':>8}"
-    print(head + f"{'tok/s':>8}{'WER %':>8}")
+    head = f"{'engine':<42}{'clip':<20}{'audio s':>8}{'wall s':>8}{'min s':>8}{'RTF':>8}"
+    print(head + f"{'tok/s':>8}{'WER %':>8}{'enc s':>8}{'ms/tok':>8}{'tok/call':>9}")
     for r in results:
-        print(f"{r['engine']:<32}{r['clip']:<20}{r['audio_s']:>8.1f}{r['wall_s']:>8.2f}"
+        extra = "".join(f"{r[k]:>{w}.2f}" if k in r else f"{'-':>{w}}"
+                        for k, w in (("encoder_s", 8), ("decoder_ms_per_token", 8),
+                                     ("tokens_per_call", 9)))
+        print(f"{r['engine']:<42}{r['clip']:<20}{r['audio_s']:>8.1f}{r['wall_s']:>8.2f}"
               f"{r['wall_min_s']:>8.2f}{r['rtf']:>8.3f}{r['tokens_per_s']:>8.1f}"
-              f"{100 * r['wer']:>8.1f}")
+              f"{100 * r['wer']:>8.1f}{extra}")
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -122,6 +148,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--clips", nargs="*", default=None, help="clip names (default: all)")
+    parser.add_argument("--fast", nargs="*", default=[],
+                        help="owned-engine rows, e.g. fp32 fp32+ngram int8 int8+ngram")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
@@ -131,6 +159,9 @@ def main() -> None:
         engines = {
             f"faster-whisper/{model}": faster_whisper_engine(model, args.threads, args.beam_size),
             f"audiofast-ct2/{model}": audiofast_engine(model, args.threads, args.beam_size),
+            **{f"audiofast-fast-{f}/{model}": audiofast_engine(model, args.threads,
+                                                               args.beam_size, f)
+               for f in args.fast},
         }
         results += bench(engines, clips, args.runs)
     print_table(results)

@@ -83,3 +83,31 @@ def _speech(clips):
 
     names = ("beckett", "clone-test", "endgame_nagg_nell")
     return [load_audio(clips[name].audio) for name in names]
+
+
+def _write_wav(path, audio: np.ndarray) -> None:
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+def test_audio_gate_passes_equal_and_rejects_degraded_sets(tmp_path, clips):
+    from audiofast.eval.gate import gate_audio, load_config
+
+    speech = _speech(clips)
+    for name, transform in [("ref", lambda a: a), ("base", lambda a: augment.add_noise(a, 30)),
+                            ("bad", lambda a: augment.add_noise(a, 5))]:
+        (tmp_path / name).mkdir()
+        for i, a in enumerate(speech):
+            _write_wav(tmp_path / name / f"{i}.wav", transform(a))
+    config = load_config()
+    same = gate_audio(tmp_path / "base", tmp_path / "base", tmp_path / "ref", config)
+    assert same.passed and same.checks[0]["value"] == pytest.approx(1.0)
+    worse = gate_audio(tmp_path / "bad", tmp_path / "base", tmp_path / "ref", config)
+    assert not worse.passed and worse.checks[0]["value"] > 2
+    per_clip = worse.details["candidate"]["per_clip"]
+    assert set(per_clip) == {"0.wav", "1.wav", "2.wav"}

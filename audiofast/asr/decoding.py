@@ -73,17 +73,24 @@ class DecodeOutput:
     accepted_per_call: list[int] = field(default_factory=list)
 
 
+def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTokenizer,
+                 max_new_tokens: int) -> tuple[DecodeOutput, torch.Tensor, int]:
+    """Feed the prompt in one call: the output so far (with the no-speech probability read at
+    the start-of-transcript position), the next-token logits, and the token budget."""
+    logits = engine(torch.tensor(prompt), 0)
+    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
+    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
+    return DecodeOutput([], 0.0, no_speech, engine_calls=1), logits[-1], limit
+
+
 def greedy_decode(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
     drafter: Drafter | None = None,
 ) -> DecodeOutput:
     """Greedy decoding; with a drafter, each engine call verifies the drafted continuation."""
     tok = rules.tokenizer
-    logits = engine(torch.tensor(prompt), 0)
-    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
-    out = DecodeOutput([], 0.0, no_speech, engine_calls=1)
-    last, position = logits[-1], len(prompt)
-    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
+    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
+    position = len(prompt)
     while True:
         logprobs = rules.apply(last, out.tokens).log_softmax(-1)
         token = int(logprobs.argmax())
@@ -119,11 +126,8 @@ def sample_decode(
 ) -> DecodeOutput:
     """One sample at ``temperature`` (the fallback when greedy output looks wrong)."""
     tok = rules.tokenizer
-    logits = engine(torch.tensor(prompt), 0)
-    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
-    out = DecodeOutput([], 0.0, no_speech, engine_calls=1)
-    last, position = logits[-1], len(prompt)
-    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
+    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
+    position = len(prompt)
     while True:
         filtered = rules.apply(last, out.tokens)
         probs = (filtered / temperature).softmax(-1)
