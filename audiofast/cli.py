@@ -29,7 +29,7 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="fp32",
                    help="weights of the fast engine (fp32: drafts provably lossless)")
     p.add_argument("--drafter", choices=["none", "ngram"], default="none",
-                   help="fast engine: draft tokens verified losslessly by the model")
+                   help="fast engine: drafted tokens verified by the model (lossless in fp32)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
