@@ -176,8 +176,8 @@ def transcribe_audio(
             for start, end, piece in pieces:
                 text = tok.decode(piece)
                 history += piece  # only what was consumed: a cut-off tail is decoded again
-                if not text.strip() or end <= start:
-                    continue
+                if not text.strip() or end <= start or start >= duration:
+                    continue  # empty, zero-length, or timestamped past the end of the audio
                 segments.append(
                     Segment(
                         id=len(segments), seek=seek, start=round(start, 3),
