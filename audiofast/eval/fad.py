@@ -176,7 +176,8 @@ def fad_inf(embeddings: np.ndarray, reference: Stats, steps: int = 8, seed: int 
     FAD(n) = a + b / n over subsets of growing size and return the intercept a."""
     rng = np.random.default_rng(seed)
     total = len(embeddings)
-    sizes = np.linspace(max(2 * embeddings.shape[1] // 4, total // 5), total, steps).astype(int)
+    smallest = max(embeddings.shape[1] // 2, total // 5)  # below ~dim/2 samples S is too noisy
+    sizes = np.linspace(smallest, total, steps).astype(int)
     values = [frechet_distance(Stats.of(embeddings[rng.choice(total, n, replace=False)]),
                                reference) for n in sizes]
     slope, intercept = np.polyfit(1.0 / sizes, values, 1)
