@@ -137,10 +137,11 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 def _run_roundtrip(args: argparse.Namespace) -> int:
     import json
 
-    from audiofast.eval.roundtrip import load_texts, roundtrip
+    from audiofast.eval.datasets import tts_texts
+    from audiofast.eval.roundtrip import roundtrip
     from audiofast.eval.tts import DEFAULT_VOICES
 
-    report = roundtrip(args.model, args.baseline, load_texts(args.texts),
+    report = roundtrip(args.model, args.baseline, tts_texts(args.texts),
                        tuple(args.voices or DEFAULT_VOICES), args.augment,
                        anchors=not args.no_anchors, threads=args.threads)
     for role in ("candidate", "baseline"):

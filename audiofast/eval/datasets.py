@@ -1,7 +1,7 @@
-"""Eval sets: real recordings from installed packages, and TTS audio from ``evals/texts``.
+"""Eval sets: real recordings from installed packages, and texts for TTS from ``evals/texts``.
 
 Audio is never copied into the repository: the real clips are found inside the installed
-``moonshine-voice`` wheel, and TTS clips are synthesized into the cache on demand.
+``moonshine-voice`` wheel, and TTS audio is synthesized into the cache on demand (tts.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-from audiofast.eval.tts import DEFAULT_VOICES, synthesize
 
 
 @dataclass(frozen=True)
@@ -48,16 +46,8 @@ def real_speech_clips() -> list[EvalClip]:
     ]
 
 
-def tts_texts(name: str = "tts_sentences.txt") -> list[str]:
-    lines = (evals_dir() / "texts" / name).read_text().splitlines()
+def tts_texts(path: str | Path | None = None) -> list[str]:
+    """Sentences for TTS, one a line (``#`` starts a comment); default: the evals set."""
+    path = Path(path) if path else evals_dir() / "texts" / "tts_sentences.txt"
+    lines = path.read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
-def tts_clips(voices: tuple[str, ...] = DEFAULT_VOICES, texts: list[str] | None = None):
-    """Every text spoken by every voice (synthesized once, then served from the cache)."""
-    texts = texts if texts is not None else tts_texts()
-    return [
-        EvalClip(f"{voice}-{i:02d}", synthesize(text, voice), text, "tts")
-        for voice in voices
-        for i, text in enumerate(texts)
-    ]

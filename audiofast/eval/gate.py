@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 from audiofast.eval import fad as fad_mod
-from audiofast.eval.roundtrip import load_texts, roundtrip
+from audiofast.eval.datasets import tts_texts
+from audiofast.eval.roundtrip import roundtrip
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
 
@@ -60,7 +61,7 @@ def gate_asr(candidate: str, baseline: str, config: dict, threads: int = 0) -> V
     texts_path = cfg.get("texts")
     if texts_path and not Path(texts_path).is_absolute():
         texts_path = DEFAULT_CONFIG.parents[1] / texts_path
-    report = roundtrip(candidate, baseline, load_texts(texts_path), tuple(cfg["voices"]),
+    report = roundtrip(candidate, baseline, tts_texts(texts_path), tuple(cfg["voices"]),
                        cfg.get("augmentation"), anchors=True, threads=threads)
     delta = report["delta"]
     verdict = Verdict("asr", candidate, baseline, passed=False, details=report)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import jiwer
 import numpy as np
@@ -232,10 +231,3 @@ def roundtrip(
                    "delta": compare(cand, base)}
         report["utterances"]["baseline"] = [asdict(u) for u in base]
     return report
-
-
-def load_texts(path: str | Path | None) -> list[str]:
-    if path is None:
-        return tts_texts()
-    lines = Path(path).read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
