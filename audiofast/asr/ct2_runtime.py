@@ -19,8 +19,11 @@ from audiofast.models import resolve_model
 class CT2Whisper:
     """A Whisper model on CTranslate2, decoding one 30 s window at a time."""
 
-    def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8"):
+    def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8",
+                 seed: int = 0):
         self.resolved = resolve_model(model)
+        # Temperature fallback samples: seed CTranslate2's generator so runs are reproducible.
+        ctranslate2.set_random_seed(seed)
         self.model = ctranslate2.models.Whisper(
             str(self.resolved.ct2_dir), device="cpu", compute_type=compute_type,
             intra_threads=threads,
