@@ -66,6 +66,15 @@ class WhisperTokenizer:
             raise ValueError(f"task must be 'transcribe' or 'translate', got {task!r}")
         return self.special(f"<|{task}|>")
 
+    @cached_property
+    def languages(self) -> frozenset[str]:
+        """Language codes the model knows (just English for ``.en`` models)."""
+        if not self.multilingual:
+            return frozenset({"en"})
+        last = self.special("<|translate|>")
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        return frozenset(t[2:-2] for t, i in vocab.items() if self.sot < i < last)
+
     def language_token(self, language: str) -> int:
         token_id = self.tokenizer.token_to_id(f"<|{language}|>")
         if token_id is None or not self.multilingual:

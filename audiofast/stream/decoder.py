@@ -1,0 +1,95 @@
+"""Batched decoding of live audio buffers on CTranslate2.
+
+Three things make streaming affordable on a small CPU:
+
+- **No 30 s padding.** A buffer of d seconds is encoded as d + ``pad_s`` seconds of input
+  (silence appended), not 30 s: the encoder cost falls with the frames. Whisper was trained
+  on 30 s windows and sometimes loops on short ones, so a hypothesis whose text compresses
+  like a loop is decoded again at full 30 s (Whisper's own compression-ratio test).
+- **Sessions are batched.** Buffers ready at the same time are encoded and decoded together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ctranslate2
+import numpy as np
+import torch
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
+from audiofast.asr.longform import compression_ratio
+from audiofast.audio import SAMPLE_RATE
+
+MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop
+
+
+@dataclass
+class DecodeRequest:
+    audio: np.ndarray  # 16 kHz mono float32: the utterance buffer from its start
+    context: list[int]  # text tokens of earlier utterances, for <|startofprev|>
+    language: str | None = "en"
+    task: str = "transcribe"
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # timestamps included (relative to the buffer start), no end-of-text
+    no_speech_prob: float
+    avg_logprob: float
+    full_window: bool  # True when the loop guard re-decoded it at 30 s
+
+
+class StreamDecoder:
+    """Decodes a batch of :class:`DecodeRequest` with timestamps on one CT2 Whisper model."""
+
+    def __init__(self, runtime: CT2Whisper, pad_s: float = 5.0):
+        self.runtime = runtime
+        self.tokenizer = runtime.tokenizer
+        self.pad_s = pad_s
+        self.suppress = self.tokenizer.suppressed_tokens((-1,), runtime.default_suppress_ids)
+
+    def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:
+        longest = max(len(r.audio) for r in requests) / SAMPLE_RATE
+        frames = min(N_FRAMES, 2 * math.ceil((longest + self.pad_s) * FRAMES_PER_SECOND / 2))
+        hyps = self._decode(requests, frames)
+        for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
+            if frames < N_FRAMES and self._looks_looped(request, hyp):
+                # Whisper's own fallback also drops the prompt: loops often copy it.
+                retry = DecodeRequest(request.audio, [], request.language, request.task)
+                hyps[i] = self._decode([retry], N_FRAMES)[0]
+                hyps[i].full_window = True
+        return hyps
+
+    def _looks_looped(self, request: DecodeRequest, hyp: Hypothesis) -> bool:
+        limit = MAX_TOKENS_PER_SECOND * len(request.audio) / SAMPLE_RATE + 10
+        text = self.tokenizer.decode(hyp.tokens)
+        return len(hyp.tokens) > limit or compression_ratio(text) > 2.4
+
+    def _decode(self, requests: list[DecodeRequest], frames: int) -> list[Hypothesis]:
+        tok = self.tokenizer
+        samples = frames * SAMPLE_RATE // FRAMES_PER_SECOND
+        mels = []
+        for r in requests:
+            audio = r.audio[:samples]
+            mel = log_mel_spectrogram(audio, self.runtime.n_mels, padding=samples - len(audio))
+            mels.append(mel[:, :frames])
+        features = torch.stack(mels).contiguous().numpy()
+        encoded = self.runtime.model.encode(ctranslate2.StorageView.from_array(features))
+        languages = [r.language for r in requests]
+        if tok.multilingual and None in languages:  # auto: detect from this encoder output
+            detected = self.runtime.model.detect_language(encoded)
+            languages = [lang or best[0][0][2:-2] for lang, best in zip(languages, detected,
+                                                                         strict=True)]
+        prompts = [tok.prompt(r.context, lang, r.task, timestamps=True)
+                   for r, lang in zip(requests, languages, strict=True)]
+        budget = max(MAX_TOKENS_PER_SECOND * len(r.audio) / SAMPLE_RATE for r in requests) + 12
+        results = self.runtime.model.generate(
+            encoded, prompts, beam_size=1, max_length=max(map(len, prompts)) + int(budget),
+            return_scores=True, return_no_speech_prob=True, suppress_blank=False,
+            suppress_tokens=self.suppress, max_initial_timestamp_index=50,
+        )
+        return [Hypothesis(list(r.sequences_ids[0]), r.no_speech_prob, r.scores[0], False)
+                for r in results]

@@ -1,0 +1,234 @@
+"""One live stream's policy: VAD utterances, LocalAgreement-2 commits, bounded buffers.
+
+Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode request, runs it
+(batched with other streams) and hands the hypothesis back; events come out as dicts.
+
+- silero VAD splits the stream into utterances; audio outside them is never decoded.
+- While an utterance grows, it is re-decoded every ``min_chunk_s`` of new audio; tokens two
+  consecutive hypotheses agree on are committed (``final`` events) and forced as the prefix
+  of later decodes, the rest is the ``partial``.
+- Past ``trim_after_s`` the buffer is cut at the end of a committed Whisper segment, so the
+  work per update stays bounded; ``max_utterance_s`` force-commits if no cut point appears.
+- When VAD hears the utterance end, one last decode commits everything left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
+from audiofast.stream.agreement import (
+    agreed_length,
+    last_segment_end,
+    shift_timestamps,
+    starts_word,
+    token_spans,
+)
+from audiofast.stream.decoder import DecodeRequest, Hypothesis
+from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
+
+
+class Overloaded(RuntimeError):
+    """More audio is waiting for this stream than ``max_pending_s`` allows."""
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    language: str | None = "en"
+    task: str = "transcribe"
+    min_chunk_s: float = 0.5  # new audio that triggers a re-decode
+    trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
+    max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
+    pre_roll_s: float = 0.25  # audio kept before the VAD onset
+    post_roll_s: float = 0.2  # ... and after the VAD offset
+    max_pending_s: float = 60.0  # audio waiting to be decoded before the stream is refused
+    no_speech_threshold: float = 0.6
+    logprob_threshold: float = -1.0
+    context_tokens: int = 64  # earlier text passed as the <|startofprev|> prompt
+
+
+@dataclass
+class Utterance:
+    index: int
+    start: int  # stream sample of the buffer's first sample (moves when trimmed)
+    end: int | None = None  # set when VAD hears the utterance end
+    committed: list[int] = field(default_factory=list)  # hypothesis prefix already emitted
+    previous: list[int] = field(default_factory=list)  # the last hypothesis after that
+    decoded_to: int = 0  # stream sample where the last decoded buffer ended
+
+
+class StreamSession:
+    def __init__(self, tokenizer: WhisperTokenizer, options: StreamOptions = StreamOptions(),
+                 detector: SpeechDetector | None = None):
+        self.tokenizer = tokenizer
+        self.options = options
+        self.detector = detector if detector is not None else SpeechDetector()
+        self.audio = np.zeros(0, dtype=np.float32)  # kept samples, from ``audio_start``
+        self.audio_start = 0
+        self.received = 0
+        self.utterances: list[Utterance] = []
+        self.context: list[int] = []
+        self.ending = False
+        self._count = 0
+        self._in_flight: tuple[Utterance, int, bool] | None = None
+        self._last_partial = ""
+
+    # -- input -------------------------------------------------------------------------
+    def feed(self, audio: np.ndarray) -> None:
+        """Append 16 kHz mono float32 audio."""
+        if self.ending:
+            raise ValueError("audio after end of stream")
+        self.audio = np.concatenate([self.audio, audio.astype(np.float32, copy=False)])
+        self.received += len(audio)
+        for event in self.detector.feed(audio):
+            self._on_vad(event)
+        self._drop_old_audio()
+        if self.pending_seconds() > self.options.max_pending_s:
+            raise Overloaded(f"more than {self.options.max_pending_s:g} s of audio is waiting")
+
+    def end_of_audio(self) -> None:
+        for event in self.detector.flush():
+            self._on_vad(event)
+        self.ending = True
+
+    @property
+    def finished(self) -> bool:
+        return self.ending and not self.utterances and self._in_flight is None
+
+    def pending_seconds(self) -> float:
+        """Audio received but not yet covered by a decode."""
+        if not self.utterances:
+            return 0.0
+        first = self.utterances[0]
+        return (self.received - max(first.decoded_to, first.start)) / SAMPLE_RATE
+
+    def _on_vad(self, event: VadEvent) -> None:
+        if event.kind == "start":
+            floor = self.utterances[-1].end if self.utterances else self.audio_start
+            start = max(event.sample - int(self.options.pre_roll_s * SAMPLE_RATE),
+                        floor or 0, self.audio_start)
+            self._count += 1
+            self.utterances.append(Utterance(self._count, start))
+        elif self.utterances and self.utterances[-1].end is None:
+            end = event.sample + int(self.options.post_roll_s * SAMPLE_RATE)
+            self.utterances[-1].end = min(end, self.received) if not self.ending else end
+
+    def _drop_old_audio(self) -> None:
+        keep_from = self.received - int(self.options.pre_roll_s * SAMPLE_RATE)
+        if self.utterances:
+            keep_from = min(keep_from, self.utterances[0].start)
+        if keep_from > self.audio_start:
+            self.audio = self.audio[keep_from - self.audio_start:]
+            self.audio_start = keep_from
+
+    def _samples(self, start: int, end: int) -> np.ndarray:
+        return self.audio[start - self.audio_start: end - self.audio_start]
+
+    # -- decoding ----------------------------------------------------------------------
+    def next_request(self) -> DecodeRequest | None:
+        """The decode this stream needs now, if any (one at a time per stream)."""
+        if self._in_flight is not None or not self.utterances:
+            return None
+        utt = self.utterances[0]
+        closed = utt.end is not None and (utt.end <= self.received or self.ending)
+        end = min(utt.end, self.received) if closed else self.received
+        new_audio = end - max(utt.decoded_to, utt.start)
+        if not closed and new_audio < self.options.min_chunk_s * SAMPLE_RATE:
+            return None
+        self._in_flight = (utt, end, closed)
+        return DecodeRequest(self._samples(utt.start, end),
+                             self.context[-self.options.context_tokens:],
+                             self.options.language, self.options.task)
+
+    def apply(self, hyp: Hypothesis) -> list[dict]:
+        """Take the hypothesis for the request :meth:`next_request` gave; return events."""
+        assert self._in_flight is not None, "apply() without a request"
+        utt, end, closed = self._in_flight
+        self._in_flight = None
+        opts, tok = self.options, self.tokenizer
+        tokens = hyp.tokens
+        silent = hyp.no_speech_prob > opts.no_speech_threshold
+        if silent and hyp.avg_logprob < opts.logprob_threshold:
+            tokens = []  # silence or noise: nothing new
+        duration = (end - utt.start) / SAMPLE_RATE
+        forced = closed or duration > opts.max_utterance_s
+        done = self._skip_committed(utt, tokens)
+        if done is None:
+            if not forced:
+                utt.decoded_to = end
+                return []
+            tokens, done = utt.committed + utt.previous, len(utt.committed)  # last good one
+        spans = token_spans(tokens, tok, duration)
+        tail = tokens[done:]
+        agreed = len(tail) if forced else agreed_length(utt.previous, tail, 0, tok)
+        events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed])
+        utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
+        if closed:
+            self._retire(utt.committed)
+            self.utterances.remove(utt)
+            return events + self._partial("", utt, 0.0)
+        if forced:
+            self._cut(utt, duration, len(utt.committed))
+        elif duration > opts.trim_after_s and (j := last_segment_end(utt.committed, tok)):
+            self._cut(utt, (utt.committed[j] - tok.timestamp_begin) * TIME_PER_TIMESTAMP, j + 1)
+        rest = tail[agreed:]
+        start = spans[done + agreed][0] if rest else duration
+        return events + self._partial(tok.decode(rest).strip(), utt,
+                                      utt.start / SAMPLE_RATE + start)
+
+    def _skip_committed(self, utt: Utterance, tokens: list[int]) -> int | None:
+        """Where the uncommitted part of a new hypothesis begins. Usually the committed
+        tokens are its prefix; if Whisper reworded them, align on the last committed words
+        (searched near the committed word count). None: the hypothesis lost them (short
+        windows sometimes drop a whole phrase), so it cannot be trusted."""
+        committed = utt.committed
+        if tokens[: len(committed)] == committed:
+            return len(committed)
+        starts = [i for i, t in enumerate(tokens) if t < self.tokenizer.eot
+                  and starts_word(self.tokenizer, t)]
+        words = [_norm(self.tokenizer.decode(tokens[i:j]))
+                 for i, j in zip(starts, [*starts[1:], len(tokens)], strict=True)]
+        done = [_norm(w) for w in self.tokenizer.decode(committed).split()]
+        n = len(done)
+        for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)):
+            tail = min(3, n, k)
+            if k <= len(words) and words[k - tail:k] == done[n - tail:]:
+                return starts[k] if k < len(starts) else len(tokens)
+        return None
+
+    def _final(self, utt: Utterance, tokens: list[int],
+               spans: list[tuple[float, float]]) -> list[dict]:
+        text_at = [i for i, t in enumerate(tokens) if t < self.tokenizer.eot]
+        text = self.tokenizer.decode(tokens).strip()
+        if not text:
+            return []
+        offset = utt.start / SAMPLE_RATE
+        return [{"type": "final", "utterance": utt.index, "text": text,
+                 "start": round(offset + spans[text_at[0]][0], 3),
+                 "end": round(offset + spans[text_at[-1]][1], 3)}]
+
+    def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
+        """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
+        are done with and become prompt context."""
+        self._retire(utt.committed[:keep_from])
+        utt.committed = shift_timestamps(utt.committed[keep_from:], self.tokenizer, seconds)
+        utt.previous = shift_timestamps(utt.previous, self.tokenizer, seconds)
+        utt.start += int(round(seconds * SAMPLE_RATE))
+
+    def _retire(self, tokens: list[int]) -> None:
+        """Committed text leaving the buffer becomes prompt context (never text still in
+        the buffer: the prompt would then make Whisper repeat it)."""
+        self.context += [t for t in tokens if t < self.tokenizer.eot]
+
+    def _partial(self, text: str, utt: Utterance, start: float) -> list[dict]:
+        if text == self._last_partial:
+            return []
+        self._last_partial = text
+        return [{"type": "partial", "utterance": utt.index, "text": text,
+                 "start": round(start, 3)}]
+
+
+def _norm(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum())

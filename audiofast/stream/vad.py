@@ -1,0 +1,91 @@
+"""Utterance boundaries from silero VAD (the model ships inside the ``silero-vad`` wheel).
+
+The silero network is stateful (an LSTM-like state carried across 32 ms chunks), so each
+stream owns one instance; the detector adds hysteresis and a minimum silence so a breath
+between words does not end an utterance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16000
+CHUNK = 512  # samples silero takes at 16 kHz (32 ms)
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    threshold: float = 0.5  # speech starts above this probability
+    neg_threshold: float = 0.35  # ... and may end below this one
+    min_silence_s: float = 0.5  # silence that ends an utterance
+    min_speech_s: float = 0.1  # shorter blips are not utterances
+
+
+@dataclass(frozen=True)
+class VadEvent:
+    kind: str  # "start" or "end"
+    sample: int  # stream position (16 kHz samples) where speech started / ended
+
+
+def load_silero() -> torch.nn.Module:
+    """A fresh silero VAD network (about 2 MB, loads in ~0.1 s)."""
+    from silero_vad import load_silero_vad
+
+    return load_silero_vad()
+
+
+class SpeechDetector:
+    """Feed 16 kHz audio of any length; get ``start``/``end`` events at chunk resolution."""
+
+    def __init__(self, options: VadOptions = VadOptions(), model: torch.nn.Module | None = None):
+        self.options = options
+        self.model = model if model is not None else load_silero()
+        self._pending = np.zeros(0, dtype=np.float32)
+        self.position = 0  # samples consumed by the network
+        self.in_speech = False
+        self._speech_start = 0
+        self._silence_start: int | None = None
+
+    def feed(self, audio: np.ndarray) -> list[VadEvent]:
+        audio = np.concatenate([self._pending, np.asarray(audio, dtype=np.float32)])
+        usable = len(audio) - len(audio) % CHUNK
+        self._pending = audio[usable:]
+        events: list[VadEvent] = []
+        if not usable:
+            return events
+        chunks = torch.from_numpy(audio[:usable].copy()).view(-1, CHUNK)
+        with torch.inference_mode():
+            probs = [float(self.model(chunk, SAMPLE_RATE)) for chunk in chunks]
+        for prob in probs:
+            events.extend(self._step(prob))
+            self.position += CHUNK
+        return events
+
+    def flush(self) -> list[VadEvent]:
+        """End of stream: close an open utterance."""
+        if not self.in_speech:
+            return []
+        self.in_speech = False
+        return [VadEvent("end", self.position + len(self._pending))]
+
+    def _step(self, prob: float) -> list[VadEvent]:
+        opts = self.options
+        if not self.in_speech:
+            if prob >= opts.threshold:
+                self.in_speech, self._speech_start, self._silence_start = True, self.position, None
+                return [VadEvent("start", self.position)]
+            return []
+        if prob >= opts.neg_threshold:
+            self._silence_start = None
+            return []
+        if self._silence_start is None:
+            self._silence_start = self.position
+        if self.position + CHUNK - self._silence_start < opts.min_silence_s * SAMPLE_RATE:
+            return []
+        self.in_speech = False
+        if self._silence_start - self._speech_start < opts.min_speech_s * SAMPLE_RATE:
+            return [VadEvent("end", self._speech_start)]  # a blip: an empty utterance
+        return [VadEvent("end", self._silence_start)]
