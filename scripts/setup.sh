@@ -9,9 +9,10 @@ PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
 # 1. System packages: ffmpeg (torchcodec decodes through it), espeak-ng / flite (TTS eval
-#    audio), sox (audio tools for eval augmentation).
+#    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
+#    Playwright drives this Debian build because Playwright's own browser download is blocked).
 missing=()
-for tool in ffmpeg espeak-ng flite sox; do
+for tool in ffmpeg espeak-ng flite sox chromium; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if ((${#missing[@]})); then

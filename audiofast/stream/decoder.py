@@ -45,7 +45,7 @@ class Hypothesis:
 class StreamDecoder:
     """Decodes a batch of :class:`DecodeRequest` with timestamps on one CT2 Whisper model."""
 
-    def __init__(self, runtime: CT2Whisper, pad_s: float = 5.0):
+    def __init__(self, runtime: CT2Whisper, pad_s: float = 10.0):
         self.runtime = runtime
         self.tokenizer = runtime.tokenizer
         self.pad_s = pad_s
@@ -86,10 +86,21 @@ class StreamDecoder:
         prompts = [tok.prompt(r.context, lang, r.task, timestamps=True)
                    for r, lang in zip(requests, languages, strict=True)]
         budget = max(MAX_TOKENS_PER_SECOND * len(r.audio) / SAMPLE_RATE for r in requests) + 12
-        results = self.runtime.model.generate(
-            encoded, prompts, beam_size=1, max_length=max(map(len, prompts)) + int(budget),
-            return_scores=True, return_no_speech_prob=True, suppress_blank=False,
-            suppress_tokens=self.suppress, max_initial_timestamp_index=50,
-        )
+        # CT2 wants <|startoftranscript|> at one position per batch: group by prompt length.
+        results: list = [None] * len(requests)
+        groups: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(len(prompt), []).append(i)
+        for length, members in groups.items():
+            part = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(
+                np.asarray(encoded)[members])
+            outputs = self.runtime.model.generate(
+                part, [prompts[i] for i in members], beam_size=1,
+                max_length=length + int(budget), return_scores=True, return_no_speech_prob=True,
+                suppress_blank=False, suppress_tokens=self.suppress,
+                max_initial_timestamp_index=50,
+            )
+            for i, output in zip(members, outputs, strict=True):
+                results[i] = output
         return [Hypothesis(list(r.sequences_ids[0]), r.no_speech_prob, r.scores[0], False)
                 for r in results]

@@ -321,3 +321,35 @@ class TranscriptionServer:
                     if session.stream.finished:
                         session.done.set()
             self._wake.set()  # results may make more decodes due
+
+
+class ServerThread:
+    """Run a server on its own event loop in a background thread (tests, notebooks, apps
+    that embed it): ``with ServerThread(runtime, options) as url: ...``."""
+
+    def __init__(self, runtime: CT2Whisper, options: ServerOptions = ServerOptions(port=0),
+                 pad_s: float = 10.0):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server = TranscriptionServer(runtime, options, pad_s)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        self._ws = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
+        port = self._ws.sockets[0].getsockname()[1]
+        self.http_url = f"http://{self.server.options.host}:{port}/"
+        return f"ws://{self.server.options.host}:{port}/asr"
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            self._ws.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ws.wait_closed(), 10)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

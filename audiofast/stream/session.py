@@ -39,6 +39,7 @@ class StreamOptions:
     language: str | None = "en"
     task: str = "transcribe"
     min_chunk_s: float = 0.5  # new audio that triggers a re-decode
+    commit_margin_s: float = 0.5  # never commit words this close to the buffer end
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
     pre_roll_s: float = 0.25  # audio kept before the VAD onset
@@ -162,7 +163,14 @@ class StreamSession:
             tokens, done = utt.committed + utt.previous, len(utt.committed)  # last good one
         spans = token_spans(tokens, tok, duration)
         tail = tokens[done:]
-        agreed = len(tail) if forced else agreed_length(utt.previous, tail, 0, tok)
+        if forced:
+            agreed = len(tail)
+        else:  # agreed twice, and not in the last moments of audio the model has heard
+            agreed = agreed_length(utt.previous, tail, 0, tok)
+            limit = duration - opts.commit_margin_s
+            while agreed and (spans[done + agreed - 1][1] > limit
+                              or not starts_word(tok, tail[agreed])):
+                agreed -= 1
         events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed])
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
         if closed:
