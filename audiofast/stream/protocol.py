@@ -48,6 +48,8 @@ def parse_json(message: str | bytes) -> dict[str, Any]:
         raise ProtocolError("bad_json", f"not JSON: {e.msg} at position {e.pos}") from None
     except UnicodeDecodeError:
         raise ProtocolError("bad_json", "not UTF-8 text") from None
+    except RecursionError:
+        raise ProtocolError("bad_json", "JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise ProtocolError("bad_message", "a message must be a JSON object")
     return value
@@ -67,7 +69,7 @@ def parse_start(message: str | bytes, languages: set[str]) -> StartConfig:
         raise ProtocolError("bad_sample_rate",
                             f"sample_rate must be an integer in [{MIN_RATE}, {MAX_RATE}] Hz")
     encoding = msg.get("encoding", "pcm_s16le")
-    encoding = ALIASES.get(encoding, encoding) if isinstance(encoding, str) else encoding
+    encoding = ALIASES.get(encoding, encoding) if isinstance(encoding, str) else None
     if encoding not in ENCODINGS:
         raise ProtocolError("bad_encoding", f"encoding must be one of {sorted(ENCODINGS)}")
     channels = msg.get("channels", 1)
@@ -78,10 +80,10 @@ def parse_start(message: str | bytes, languages: set[str]) -> StartConfig:
 
 def _language_task(msg: dict[str, Any], languages: set[str]) -> tuple[str | None, str]:
     language = msg.get("language", "en")
-    if language is not None and language not in languages:
+    if language is not None and (not isinstance(language, str) or language not in languages):
         raise ProtocolError("bad_language", f"unknown language {str(language)[:20]!r}")
     task = msg.get("task", "transcribe")
-    if task not in ("transcribe", "translate"):
+    if not isinstance(task, str) or task not in ("transcribe", "translate"):
         raise ProtocolError("bad_task", "task must be 'transcribe' or 'translate'")
     return language, task
 
@@ -91,7 +93,7 @@ def _whisperlive_start(msg: dict[str, Any], languages: set[str]) -> StartConfig:
     if not isinstance(msg["uid"], str) or len(msg["uid"]) > 100:
         raise ProtocolError("bad_message", "uid must be a short string")
     fmt = msg.get("audio_format", "float32")
-    if fmt not in ("float32", "int16"):
+    if not isinstance(fmt, str) or fmt not in ("float32", "int16"):
         raise ProtocolError("bad_encoding", "audio_format must be 'float32' or 'int16'")
     language, task = _language_task({"language": msg.get("language") or "en",
                                      "task": msg.get("task", "transcribe")}, languages)

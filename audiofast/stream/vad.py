@@ -7,6 +7,7 @@ between words does not end an utterance.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,9 @@ def load_silero() -> torch.nn.Module:
     """A fresh silero VAD network (about 2 MB, loads in ~0.1 s)."""
     from silero_vad import load_silero_vad
 
-    return load_silero_vad()
+    with warnings.catch_warnings():  # silero 6.2 still uses torch.jit.load / resources.path
+        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
+        return load_silero_vad()
 
 
 class SpeechDetector:
