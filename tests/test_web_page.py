@@ -1,0 +1,46 @@
+"""The served web page, end to end in headless Chromium: a fake microphone plays a real
+recording, the page streams it, and the transcript appears on the page."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from audiofast.eval.wer import wer
+from audiofast.stream.server import ServerOptions, ServerThread
+from tests.conftest import convert
+
+SCREENSHOT = Path(__file__).resolve().parents[1] / "evals" / "benchmarks" / "stream_page.png"
+
+
+def test_page_streams_microphone_and_shows_transcript(base, clips, ffmpeg, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail("chromium is missing: run scripts/setup.sh")
+    from playwright.sync_api import sync_playwright
+
+    wav = convert(ffmpeg, clips["beckett"].audio, tmp_path / "mic.wav", 48000, 1)
+    with ServerThread(base, ServerOptions(port=0)) as thread_url, sync_playwright() as p:
+        page_url = thread_url.replace("ws://", "http://").removesuffix("asr")
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={wav}%noloop",
+            "--autoplay-policy=no-user-gesture-required",
+        ])
+        page = browser.new_page()
+        page.goto(page_url)
+        page.click("#start")
+        page.wait_for_function(
+            "document.querySelector('#finals').textContent.includes('better')", timeout=60_000)
+        page.click("#stop")
+        page.wait_for_function("document.querySelector('#status').textContent === 'done'",
+                               timeout=30_000)
+        text = page.inner_text("#finals")
+        page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+        browser.close()
+    assert wer(clips["beckett"].reference, text) <= 0.1, text
+    assert (tmp_path / "page.png").stat().st_size > 10_000
+    if SCREENSHOT.parent.is_dir():  # keep the latest for the README
+        shutil.copy(tmp_path / "page.png", SCREENSHOT)
