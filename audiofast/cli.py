@@ -281,6 +281,36 @@ def _run_stream(args: argparse.Namespace) -> int:
     return 0 if result.closed and not result.errors else 1
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="text to audio with a Stable Audio 3 checkpoint")
+    p.add_argument("prompt")
+    p.add_argument("--model", required=True,
+                   help="checkpoint directory (model_config.json + model.safetensors) or hub id")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--cfg", type=float, default=1.0, help="guidance scale (1: no CFG)")
+    p.add_argument("--sampler", choices=["pingpong", "euler"], default=None,
+                   help="default: the checkpoint's (pingpong for post-trained models)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("out.wav"))
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from audiofast.diffusion.checkpoint import CheckpointError
+    from audiofast.diffusion.generate import generate, load_for_generation, save_audio
+
+    try:
+        model = load_for_generation(args.model)
+        audio = generate(model, [args.prompt], seconds=args.seconds, steps=args.steps,
+                         cfg_scale=args.cfg, sampler=args.sampler, seed=args.seed)
+    except (CheckpointError, ValueError) as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    path = save_audio(args.out, audio[0], model.config.sample_rate)
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="audiofast", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -291,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gate(sub)
     _add_serve(sub)
     _add_stream(sub)
+    _add_generate(sub)
     return parser
 
 

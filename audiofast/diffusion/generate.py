@@ -1,0 +1,202 @@
+"""Text-to-audio generation with an SA3 checkpoint: load, sample, decode, save.
+
+Lengths follow upstream's ``generate``: the latent canvas covers the requested seconds plus
+6 s of headroom (rounded up to whole latents and to the autoencoder's chunk alignment, capped at
+the config's ``sample_size``); the DiT attends only to the content plus headroom (a padding
+mask), and length-dependent schedule shifts see the content length alone.
+"""
+
+from __future__ import annotations
+
+import math
+import wave
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from audiofast.diffusion.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    SA3Model,
+    attach_text_encoder,
+    load_checkpoint,
+)
+from audiofast.diffusion.conditioners import T5GemmaConditioner
+from audiofast.diffusion.config import ConfigError, SA3Config
+from audiofast.diffusion.sampling import SAMPLERS, guided_denoiser, randn_like, schedule
+
+HEADROOM_SECONDS = 6.0  # upstream's ``duration_padding_sec``
+
+
+class Lengths(NamedTuple):
+    """Latent counts for one request: the canvas, the requested content, and the attended part
+    (content + headroom)."""
+
+    latents: int
+    content: int
+    valid: int
+
+
+def latent_lengths(config: SA3Config, seconds: float) -> Lengths:
+    """How many latents to sample for ``seconds`` of audio (see the module docstring)."""
+    sr, ratio = config.sample_rate, config.autoencoder.downsampling_ratio
+    cap = config.sample_size or math.inf
+    if seconds <= 0 or int(seconds * sr) > cap:
+        raise ValueError(f"seconds must be in (0, {cap / sr:.2f}] for this model, got {seconds}")
+    samples = math.ceil(int((seconds + HEADROOM_SECONDS) * sr) / ratio) * ratio
+    # Upstream aligns the canvas to whole encoder chunks, reading chunk_size from the raw JSON
+    # with a default of 32 (not the constructor's 128).
+    encoder = config.raw.get("model", {}).get("pretransform", {}).get("config", {})
+    encoder = encoder.get("encoder", {}).get("config", {})
+    align = ratio * max(encoder.get("chunk_size", 32) // config.autoencoder.encoder.strides[0], 1)
+    samples = min(math.ceil(samples / align) * align, cap)
+    latents = int(samples // ratio)
+    content = math.ceil(int(seconds * sr) / ratio)
+    valid = min(content + int(HEADROOM_SECONDS * sr / ratio), latents)
+    return Lengths(latents, content, valid)
+
+
+@torch.inference_mode()
+def generate(
+    model: SA3Model,
+    prompts: list[str],
+    seconds: float,
+    steps: int = 8,
+    cfg_scale: float = 1.0,
+    sampler: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    apg_scale: float = 1.0,
+) -> torch.Tensor:
+    """Audio ``[len(prompts), channels, seconds * sample_rate]`` in [-1, 1] for each prompt.
+
+    ``sampler`` defaults to the checkpoint's (pingpong for distilled ``rf_denoiser`` models,
+    Euler otherwise); ``cfg_scale`` 1 runs no unconditional pass. Prompt ``i`` is seeded with
+    ``seed + i`` on CPU generators, so its audio does not depend on the rest of the batch or
+    the device and equals a one-prompt run with that seed.
+    """
+    cfg = model.config
+    sampler = sampler or cfg.diffusion.default_sampler
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r} (choose from {sorted(SAMPLERS)})")
+    if not prompts:
+        raise ValueError("generate needs at least one prompt")
+    lengths = latent_lengths(cfg, seconds)
+    device = model.dit.preprocess_conv.weight.device
+    batch = len(prompts)
+
+    inputs: dict[str, list] = {c.id: list(prompts) for c in cfg.conditioning.text}
+    inputs.update({c.id: [float(seconds)] * batch for c in cfg.conditioning.numbers})
+    cond = model.condition(inputs)
+    mask = (torch.arange(lengths.latents, device=device) < lengths.valid).expand(batch, -1)
+    denoise = guided_denoiser(model.dit, cond, None, cfg_scale, apg_scale, padding_mask=mask)
+
+    generators = [torch.Generator().manual_seed(seed + i) for i in range(batch)]
+    x = randn_like(torch.empty(batch, cfg.io_channels, lengths.latents), generators)
+    ts = schedule(steps, cfg.diffusion.sampling_shift, seq_len=lengths.content)
+    extra = {"generator": generators} if sampler == "pingpong" else {}
+    latents = SAMPLERS[sampler](denoise, x.to(device), ts, progress=progress, **extra)
+
+    audio = model.autoencoder.decode(latents).float().clamp(-1, 1)
+    return audio[..., : int(seconds * cfg.sample_rate)]
+
+
+def save_audio(path: str | Path, audio: torch.Tensor, sample_rate: int) -> Path:
+    """Write one clip ``[channels, samples]`` (or ``[1, channels, samples]``). ``.wav`` is
+    16-bit PCM through the standard library (no codec dependency); other extensions go through
+    torchaudio (FFmpeg)."""
+    path = Path(path)
+    audio = audio.detach().float().cpu()
+    if audio.dim() == 3 and audio.shape[0] == 1:
+        audio = audio[0]
+    if audio.dim() != 2:
+        raise ValueError(f"save_audio expects [channels, samples], got {list(audio.shape)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() != ".wav":
+        import torchaudio
+
+        torchaudio.save(str(path), audio.clamp(-1, 1), sample_rate)
+        return path
+    pcm = (audio.clamp(-1, 1) * 32767).round().to(torch.int16).T.contiguous().numpy()
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(audio.shape[0])
+        f.setsampwidth(2)
+        f.setframerate(sample_rate)
+        f.writeframes(pcm.astype(np.dtype("<i2")).tobytes())
+    return path
+
+
+def _bundled_text_encoder(model: SA3Model, directory: Path) -> bool:
+    """Whether ``directory`` carries the T5Gemma encoder (in the config's ``subfolder``)."""
+    texts = [c for c in model.conditioners.values() if isinstance(c, T5GemmaConditioner)]
+    return bool(texts) and all(
+        (directory / (c.config.subfolder or "") / "config.json").is_file() for c in texts
+    )
+
+
+def _is_hub_id(source: str) -> bool:
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts) and not source.startswith((".", "~"))
+
+
+def _download(repo_id: str) -> Path:
+    """Fetch a hub checkpoint (config, weights and any bundled text encoder) into the HF cache."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        config = SA3Config.from_file(hf_hub_download(repo_id, CONFIG_NAME))
+        folders = [f"{c.subfolder}/*" for c in config.conditioning.text if c.subfolder]
+        patterns = [CONFIG_NAME, WEIGHTS_NAME, *folders]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
+        reason = "the Hub is unreachable (offline, or HF_HUB_OFFLINE is set)"
+    except ConfigError as exc:
+        raise CheckpointError(f"{repo_id}: {exc}") from None
+    except Exception as exc:  # gated repo, missing repo, HTTP errors: one line for the user
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    raise CheckpointError(
+        f"cannot download {repo_id}: {reason}; download {CONFIG_NAME} and {WEIGHTS_NAME} "
+        "and pass their directory instead"
+    )
+
+
+def load_for_generation(
+    source: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    text_encoder: str | Path | None = None,
+) -> SA3Model:
+    """An SA3 model ready for :func:`generate`, from a local checkpoint directory or a hub id
+    (``stabilityai/stable-audio-3-small-music``).
+
+    The T5Gemma text encoder comes from ``text_encoder`` if given, else from the checkpoint
+    directory when it bundles one, else (hub ids only) from the config's hub location. A local
+    directory without one loads without it; call :func:`attach_text_encoder` before generating.
+    """
+    path, from_hub = Path(source), False
+    if not path.exists() and _is_hub_id(str(source)):
+        path, from_hub = _download(str(source)), True
+    model = load_checkpoint(path, device, dtype)
+    try:
+        if text_encoder is not None:
+            attach_text_encoder(model, text_encoder)
+        elif _bundled_text_encoder(model, path):
+            attach_text_encoder(model, path)
+        elif from_hub:
+            attach_text_encoder(model)
+        else:
+            return model
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot load the T5Gemma text encoder: {first}") from None
+    for conditioner in model.conditioners.values():
+        # The conditioner runs its encoder on the DiT's device; loaders leave it on the CPU.
+        if isinstance(conditioner, T5GemmaConditioner) and conditioner._encoder:
+            encoder = conditioner._encoder[0]
+            if isinstance(encoder, torch.nn.Module):
+                encoder.to(device)
+    return model
