@@ -1,0 +1,191 @@
+"""Live-transcription benchmark: N concurrent real-time clients against ``audiofast serve``.
+
+Per N (1, 2, 4, 8 by default), every client streams a real recording (the moonshine clips in
+turn) at real-time pace over loopback. Reported per N:
+
+- first partial: seconds from speech onset (silero VAD on the file) to the first ``partial``
+- commit latency: seconds from a word's end (its time in the ``final`` event) to the arrival
+  of that ``final``; "utterance final" is the same for the last final of each utterance
+- end lag: seconds from the last audio frame to ``closed`` (bounded = real time held)
+- WER of the concatenated finals against the references, beside the offline transcript's
+- server RSS (peak, from /proc) — the server runs as its own process
+
+    python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.audio import load_audio
+from audiofast.eval.datasets import real_speech_clips
+from audiofast.eval.wer import wer
+from audiofast.stream.client import stream_audio
+from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector
+
+OUT = Path(__file__).resolve().parents[1] / "evals" / "benchmarks"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def speech_onset(audio: np.ndarray) -> float:
+    events = SpeechDetector().feed(audio)
+    return next(e.sample for e in events if e.kind == "start") / SAMPLE_RATE
+
+
+def proc_memory_mb(pid: int) -> dict[str, float]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields
+
+
+def start_server(model: str, port: int, threads: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
+           str(port), "--max-sessions", "16", "--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def run_clients(url: str, clips: list, n: int) -> list[dict]:
+    chosen = [clips[i % len(clips)] for i in range(n)]
+    results = await asyncio.gather(*(stream_audio(url, c["audio"], speed=1.0, timeout=300)
+                                     for c in chosen))
+    rows = []
+    for clip, result in zip(chosen, results, strict=True):
+        partials = [t for t, e in result.events if e["type"] == "partial" and e["text"]]
+        finals = [(t, e) for t, e in result.events if e["type"] == "final"]
+        last_of_utt = {e["utterance"]: (t, e) for t, e in finals}
+        closed = next(t for t, e in result.events if e["type"] == "closed")
+        rows.append({
+            "clip": clip["name"],
+            "first_partial_s": (partials[0] - clip["onset"]) if partials else None,
+            "commit_latency_s": [t - e["end"] for t, e in finals],
+            "utterance_final_s": [t - e["end"] for t, e in last_of_utt.values()],
+            "end_lag_s": closed - clip["duration"],
+            "errors": len(result.errors),
+            "text": result.text,
+            "wer": wer(clip["reference"], result.text),
+        })
+    return rows
+
+
+def summarize(model: str, n: int, rows: list[dict], memory: dict, offline_wer: float) -> dict:
+    commits = [x for r in rows for x in r["commit_latency_s"]]
+    utt = [x for r in rows for x in r["utterance_final_s"]]
+    first = [r["first_partial_s"] for r in rows if r["first_partial_s"] is not None]
+    return {
+        "model": model, "clients": n,
+        "first_partial_p50": percentile(first, 50), "first_partial_p95": percentile(first, 95),
+        "commit_p50": percentile(commits, 50), "commit_p95": percentile(commits, 95),
+        "utt_final_p50": percentile(utt, 50), "utt_final_p95": percentile(utt, 95),
+        "end_lag_max": max(r["end_lag_s"] for r in rows),
+        "realtime_held": max(r["end_lag_s"] for r in rows) < 3.0,
+        "wer": float(np.mean([r["wer"] for r in rows])), "offline_wer": offline_wer,
+        "errors": sum(r["errors"] for r in rows),
+        "rss_peak_mb": memory.get("VmHWM"), "rows": rows,
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for model in dict.fromkeys(r["model"] for r in results):
+        rs = [r for r in results if r["model"] == model]
+        ns = [r["clients"] for r in rs]
+        axes[0].plot(ns, [r["first_partial_p50"] for r in rs], "o-", label=f"{model} p50")
+        axes[1].plot(ns, [r["utt_final_p95"] for r in rs], "o-", label=f"{model} p95")
+    axes[0].set(title="first partial after speech onset", xlabel="concurrent clients",
+                ylabel="seconds")
+    axes[1].set(title="utterance final after its last word", xlabel="concurrent clients",
+                ylabel="seconds")
+    for ax in axes:
+        ax.axhline(0.5 if ax is axes[0] else 1.0, color="grey", ls=":", label="goal")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["whisper-base"])
+    parser.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT / "bench_stream.json")
+    args = parser.parse_args()
+    clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
+             for c in real_speech_clips()]
+    for c in clips:
+        c["duration"] = len(c["audio"]) / SAMPLE_RATE
+        c["onset"] = speech_onset(c["audio"])
+    results = []
+    for model in args.models:
+        runtime = CT2Whisper(model, threads=args.threads)
+        offline = float(np.mean([wer(c["reference"], runtime.transcribe(c["audio"]).text)
+                                 for c in clips]))
+        del runtime
+        for n in args.clients:
+            port = free_port()
+            server = start_server(model, port, args.threads)
+            try:
+                rows = asyncio.run(run_clients(f"ws://127.0.0.1:{port}/asr", clips, n))
+                memory = proc_memory_mb(server.pid)
+            finally:
+                server.terminate()
+                server.wait(30)
+            summary = summarize(model, n, rows, memory, offline)
+            results.append(summary)
+            print(f"{model} N={n}: first partial p50 {summary['first_partial_p50']:.2f} s, "
+                  f"utterance final p95 {summary['utt_final_p95']:.2f} s, "
+                  f"end lag max {summary['end_lag_max']:.1f} s", flush=True)
+    header = ("| model | N | first partial p50/p95 s | commit p50/p95 s | utterance final "
+              "p50/p95 s | end lag max s | real time | WER stream / offline | RSS peak MB |")
+    print("\n" + header + "\n|" + "---|" * 9)
+    for r in results:
+        print(f"| {r['model']} | {r['clients']} | {r['first_partial_p50']:.2f} / "
+              f"{r['first_partial_p95']:.2f} | {r['commit_p50']:.2f} / {r['commit_p95']:.2f} | "
+              f"{r['utt_final_p50']:.2f} / {r['utt_final_p95']:.2f} | {r['end_lag_max']:.1f} | "
+              f"{'yes' if r['realtime_held'] else 'no'} | {r['wer']:.3f} / "
+              f"{r['offline_wer']:.3f} | {r['rss_peak_mb']:.0f} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    machine = {"cpu_count": __import__("os").cpu_count(), "threads": args.threads}
+    args.out.write_text(json.dumps({"machine": machine, "results": results}, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
