@@ -155,12 +155,10 @@ class StreamSession:
             tokens = []  # silence or noise: nothing new
         duration = (end - utt.start) / SAMPLE_RATE
         forced = closed or duration > opts.max_utterance_s
-        done = self._skip_committed(utt, tokens)
+        done = self._skip_committed(utt, tokens, forced)
         if done is None:
-            if not forced:
-                utt.decoded_to = end
-                return []
-            tokens, done = utt.committed + utt.previous, len(utt.committed)  # last good one
+            utt.decoded_to = end
+            return []
         spans = token_spans(tokens, tok, duration)
         tail = tokens[done:]
         if forced:
@@ -186,11 +184,13 @@ class StreamSession:
         return events + self._partial(tok.decode(rest).strip(), utt,
                                       utt.start / SAMPLE_RATE + start)
 
-    def _skip_committed(self, utt: Utterance, tokens: list[int]) -> int | None:
+    def _skip_committed(self, utt: Utterance, tokens: list[int], force: bool) -> int | None:
         """Where the uncommitted part of a new hypothesis begins. Usually the committed
         tokens are its prefix; if Whisper reworded them, align on the last committed words
         (searched near the committed word count). None: the hypothesis lost them (short
-        windows sometimes drop a whole phrase), so it cannot be trusted."""
+        windows sometimes drop a whole phrase), so it cannot be trusted -- unless ``force``
+        (the utterance is closing and this is the only hypothesis of all its audio): then
+        skip as many words as were committed."""
         committed = utt.committed
         if tokens[: len(committed)] == committed:
             return len(committed)
@@ -204,6 +204,8 @@ class StreamSession:
             tail = min(3, n, k)
             if k <= len(words) and words[k - tail:k] == done[n - tail:]:
                 return starts[k] if k < len(starts) else len(tokens)
+        if force:
+            return starts[n] if n < len(starts) else len(tokens)
         return None
 
     def _final(self, utt: Utterance, tokens: list[int],
