@@ -232,13 +232,19 @@ def test_seeds_and_batches(tiny_model, sampler: str, cfg_scale: float) -> None:
     assert not torch.allclose(both[1:], generate(tiny_model, ["loud drums"], seed=5, **run))
 
 
-def test_checkpoint_round_trip_to_wav(tmp_path: Path) -> None:
+def _checkpoint_with_text_encoder(tmp_path: Path) -> Path:
+    """A synthetic checkpoint with the real layout and a tiny T5Gemma in its subfolder."""
     config = tiny_config()
     config["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "t5gemma"
     directory = write_synthetic_checkpoint(tmp_path / "ckpt", config)
     encoder, tokenizer = tiny_text_encoder()
     encoder.save_pretrained(directory / "t5gemma")
     tokenizer.save_pretrained(directory / "t5gemma")
+    return directory
+
+
+def test_checkpoint_round_trip_to_wav(tmp_path: Path) -> None:
+    directory = _checkpoint_with_text_encoder(tmp_path)
 
     model = load_for_generation(directory)  # finds and attaches the bundled text encoder
     assert model.load_report.ok
@@ -275,12 +281,7 @@ def test_hub_id_offline_is_one_clear_line(monkeypatch) -> None:
 def test_generate_command_writes_stereo_wav(tmp_path: Path, capsys) -> None:
     from audiofast.cli import main
 
-    config = tiny_config()
-    config["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "t5gemma"
-    directory = write_synthetic_checkpoint(tmp_path / "ckpt", config)
-    encoder, tokenizer = tiny_text_encoder()
-    encoder.save_pretrained(directory / "t5gemma")
-    tokenizer.save_pretrained(directory / "t5gemma")
+    directory = _checkpoint_with_text_encoder(tmp_path)
     out = tmp_path / "gen.wav"
     assert main(["generate", "a plucked string", "--model", str(directory), "--seconds", "0.02",
                  "--steps", "2", "--cfg", "2.0", "--out", str(out)]) == 0

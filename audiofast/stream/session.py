@@ -154,6 +154,7 @@ class StreamSession:
         if silent and hyp.avg_logprob < opts.logprob_threshold:
             tokens = []  # silence or noise: nothing new
         duration = (end - utt.start) / SAMPLE_RATE
+        origin = utt.start / SAMPLE_RATE  # token times are relative to it (cuts move it)
         forced = closed or duration > opts.max_utterance_s
         done = self._skip_committed(utt, tokens, forced)
         if done is None:
@@ -181,8 +182,7 @@ class StreamSession:
             self._cut(utt, (utt.committed[j] - tok.timestamp_begin) * TIME_PER_TIMESTAMP, j + 1)
         rest = tail[agreed:]
         start = spans[done + agreed][0] if rest else duration
-        return events + self._partial(tok.decode(rest).strip(), utt,
-                                      utt.start / SAMPLE_RATE + start)
+        return events + self._partial(tok.decode(rest).strip(), utt, origin + start)
 
     def _skip_committed(self, utt: Utterance, tokens: list[int], force: bool) -> int | None:
         """Where the uncommitted part of a new hypothesis begins. Usually the committed
