@@ -6,13 +6,17 @@ Three things make streaming affordable on a small CPU:
   (silence appended), not 30 s: the encoder cost falls with the frames. Whisper was trained
   on 30 s windows and sometimes loops on short ones, so a hypothesis whose text compresses
   like a loop is decoded again at full 30 s (Whisper's own compression-ratio test).
+- **Committed segments are forced, not re-decoded.** Whole Whisper segments (text and
+  closing timestamp) that LocalAgreement committed go in as a forced prefix, read in one
+  pass instead of one step per token. (Forcing a prefix that ends mid-segment made Whisper
+  repeat itself; ending on a closing timestamp is a state it was trained in.)
 - **Sessions are batched.** Buffers ready at the same time are encoded and decoded together.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ctranslate2
 import numpy as np
@@ -32,11 +36,12 @@ class DecodeRequest:
     context: list[int]  # text tokens of earlier utterances, for <|startofprev|>
     language: str | None = "en"
     task: str = "transcribe"
+    prefix: list[int] = field(default_factory=list)  # complete committed segments, forced
 
 
 @dataclass
 class Hypothesis:
-    tokens: list[int]  # timestamps included (relative to the buffer start), no end-of-text
+    tokens: list[int]  # prefix + new tokens, timestamps relative to the buffer start, no EOT
     no_speech_prob: float
     avg_logprob: float
     full_window: bool  # True when the loop guard re-decoded it at 30 s
@@ -58,7 +63,8 @@ class StreamDecoder:
         for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
             if frames < N_FRAMES and self._looks_looped(request, hyp):
                 # Whisper's own fallback also drops the prompt: loops often copy it.
-                retry = DecodeRequest(request.audio, [], request.language, request.task)
+                retry = DecodeRequest(request.audio, [], request.language, request.task,
+                                      request.prefix)
                 hyps[i] = self._decode([retry], N_FRAMES)[0]
                 hyps[i].full_window = True
         return hyps
@@ -83,7 +89,7 @@ class StreamDecoder:
             detected = self.runtime.model.detect_language(encoded)
             languages = [lang or best[0][0][2:-2] for lang, best in zip(languages, detected,
                                                                          strict=True)]
-        prompts = [tok.prompt(r.context, lang, r.task, timestamps=True)
+        prompts = [tok.prompt(r.context, lang, r.task, timestamps=True) + r.prefix
                    for r, lang in zip(requests, languages, strict=True)]
         budget = max(MAX_TOKENS_PER_SECOND * len(r.audio) / SAMPLE_RATE for r in requests) + 12
         # CT2 wants <|startoftranscript|> at one position per batch: group by prompt length.
@@ -102,5 +108,10 @@ class StreamDecoder:
             )
             for i, output in zip(members, outputs, strict=True):
                 results[i] = output
-        return [Hypothesis(list(r.sequences_ids[0]), r.no_speech_prob, r.scores[0], False)
-                for r in results]
+        hyps = []
+        for request, result in zip(requests, results, strict=True):
+            tokens = list(result.sequences_ids[0])
+            if tokens[: len(request.prefix)] != request.prefix:  # CT2 returned only new tokens
+                tokens = request.prefix + tokens
+            hyps.append(Hypothesis(tokens, result.no_speech_prob, result.scores[0], False))
+        return hyps

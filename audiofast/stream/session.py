@@ -139,9 +139,11 @@ class StreamSession:
         if not closed and new_audio < self.options.min_chunk_s * SAMPLE_RATE:
             return None
         self._in_flight = (utt, end, closed)
+        j = last_segment_end(utt.committed, self.tokenizer)
+        prefix = utt.committed[: j + 1] if j is not None else []
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
-                             self.options.language, self.options.task)
+                             self.options.language, self.options.task, prefix)
 
     def apply(self, hyp: Hypothesis) -> list[dict]:
         """Take the hypothesis for the request :meth:`next_request` gave; return events."""
