@@ -10,7 +10,9 @@ Three things make streaming affordable on a small CPU:
   closing timestamp) that LocalAgreement committed go in as a forced prefix, read in one
   pass instead of one step per token. (Forcing a prefix that ends mid-segment made Whisper
   repeat itself; ending on a closing timestamp is a state it was trained in.)
-- **Sessions are batched.** Buffers ready at the same time are encoded and decoded together.
+- **Sessions are batched** when their windows fall in the same 2 s bucket: the encoder
+  costs the same batched or not (it is linear in frames), and padding a short buffer to a
+  long batch mate's window changed its transcript.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from audiofast.asr.longform import compression_ratio
 from audiofast.audio import SAMPLE_RATE
 
 MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop
+BUCKET_S = 2  # encoder windows come in steps of this many seconds
 
 
 @dataclass
@@ -56,12 +59,24 @@ class StreamDecoder:
         self.pad_s = pad_s
         self.suppress = self.tokenizer.suppressed_tokens((-1,), runtime.default_suppress_ids)
 
+    def window_frames(self, request: DecodeRequest) -> int:
+        """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
+        seconds = len(request.audio) / SAMPLE_RATE + self.pad_s
+        return min(N_FRAMES, math.ceil(seconds / BUCKET_S) * BUCKET_S * FRAMES_PER_SECOND)
+
     def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:
-        longest = max(len(r.audio) for r in requests) / SAMPLE_RATE
-        frames = min(N_FRAMES, 2 * math.ceil((longest + self.pad_s) * FRAMES_PER_SECOND / 2))
-        hyps = self._decode(requests, frames)
+        """Requests are batched within window buckets only, so what a session hears never
+        depends on which other sessions happen to be decoded with it."""
+        buckets: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            buckets.setdefault(self.window_frames(request), []).append(i)
+        hyps: list[Hypothesis] = [None] * len(requests)  # type: ignore[list-item]
+        for frames, members in buckets.items():
+            for i, hyp in zip(members, self._decode([requests[i] for i in members], frames),
+                              strict=True):
+                hyps[i] = hyp
         for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
-            if frames < N_FRAMES and self._looks_looped(request, hyp):
+            if self.window_frames(request) < N_FRAMES and self._looks_looped(request, hyp):
                 # Whisper's own fallback also drops the prompt: loops often copy it.
                 retry = DecodeRequest(request.audio, [], request.language, request.task,
                                       request.prefix)
