@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.eval.datasets import EvalClip, real_speech_clips
@@ -44,6 +45,14 @@ def convert(ffmpeg: str, src: Path, dst: Path, rate: int, channels: int) -> Path
     )
     return dst
 
+
+
+@pytest.fixture
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

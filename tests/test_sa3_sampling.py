@@ -26,12 +26,7 @@ from audiofast.diffusion.synthetic import randomize_, tiny_config, write_synthet
 DATA = Path(__file__).parent / "data" / "sa3"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: threads only add overhead
 
 
 def tiny_text_encoder():
