@@ -262,6 +262,7 @@ def _add_stream(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_stream(args: argparse.Namespace) -> int:
+    from audiofast.audio import AudioError
     from audiofast.stream.client import stream_file
 
     def show(event: dict) -> None:
@@ -276,6 +277,8 @@ def _run_stream(args: argparse.Namespace) -> int:
     try:
         result = stream_file(args.file, args.url, args.speed, token=args.token,
                              language=args.language, on_event=show)
+    except AudioError as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
     except OSError as e:
         raise SystemExit(f"audiofast: error: cannot reach {args.url}: {e}") from None
     return 0 if result.closed and not result.errors else 1

@@ -273,3 +273,12 @@ def test_unauthenticated_server_stays_on_loopback():
     check_bind("0.0.0.0", "token")
     with pytest.raises(ValueError, match="without --token"):
         check_bind("0.0.0.0", None)
+
+
+def test_stream_command_errors_are_one_line(clips, tmp_path):
+    from audiofast.cli import main
+
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["stream", str(tmp_path / "missing.wav")])
+    with pytest.raises(SystemExit, match="cannot reach ws://127.0.0.1:9/asr"):
+        main(["stream", str(clips["clone-test"].audio), "--url", "ws://127.0.0.1:9/asr"])
