@@ -12,80 +12,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-
-class ConfigError(ValueError):
-    """A model config these modules cannot build (the message is one line)."""
-
-
-class _Section:
-    """One JSON object of the config plus its path, so errors can name the exact key."""
-
-    def __init__(self, data: Any, where: str):
-        if not isinstance(data, dict):
-            raise ConfigError(f"malformed SA3 config: {where} is missing or not an object")
-        self.data, self.where = data, where
-
-    def get(self, key: str, default: Any = None, allowed: tuple | None = None) -> Any:
-        """``key``'s value or the upstream default; ``allowed`` lists the values we build."""
-        value = self.data.get(key, default)
-        if allowed is not None and value not in allowed:
-            raise ConfigError(
-                f"unsupported SA3 config: {self.where}.{key}={value!r} (supported: {list(allowed)})"
-            )
-        return value
-
-    def check(self, fixed: tuple[tuple[str, Any, tuple], ...]) -> None:
-        for key, default, allowed in fixed:
-            self.get(key, default, allowed)
-
-    def sub(self, key: str) -> _Section:
-        """A required nested object."""
-        return _Section(self.data.get(key), f"{self.where}.{key}")
-
-    def opt(self, key: str) -> _Section:
-        """An optional nested object (``{}`` when absent or null)."""
-        return _Section(self.data.get(key) or {}, f"{self.where}.{key}")
-
-    def fail(self, problem: str) -> ConfigError:
-        return ConfigError(f"malformed SA3 config: {self.where} {problem}")
-
-
-# Upstream options SA3 leaves at one value; any other value would change keys or numerics.
-# Each entry: (key, upstream default, the values built here).
-_DIT_FIXED = (
-    ("patch_size", 1, (1,)),
-    ("transformer_type", "continuous_transformer", ("continuous_transformer",)),
-    ("global_cond_type", "prepend", ("adaLN",)),
-    ("timestep_cond_type", "global", ("global",)),
-    ("project_cond_tokens", True, (True,)),
-    ("project_global_cond", True, (True,)),
-    ("input_concat_dim", 0, (0,)),
-    ("prepend_cond_dim", 0, (0,)),
-    ("rotary_pos_emb", True, (True,)),
-    ("cross_attn_rotary_pos_emb", False, (False,)),
-    ("sliding_window", None, (None,)),
-    ("final_cross_attn_ix", -1, (-1,)),
-    ("modular_local_cond_configs", None, (None, [])),
-    ("norm_type", "layer_norm", ("rms_norm",)),
-    *(
-        (flag, False, (False,))
-        for flag in (
-            "conformer",
-            "use_sinusoidal_emb",
-            "use_abs_pos_emb",
-            "causal",
-            "add_rope",
-            "layer_scale",
-        )
-    ),
-)
-_ATTN_FIXED = (("feat_scale", False, (False,)), ("qk_norm_eps", 1e-6, (1e-6,)))
-_FF_FIXED = (("glu", True, (True,)), ("use_conv", False, (False,)), ("sinusoidal", False, (False,)))
-_SAME_FIXED = tuple(
-    (flag, False, (False,))
-    for flag in ("conformer", "layer_scale", "feat_scale", "cross_attn", "freeze_backbone")
+from audiofast.diffusion.config_schema import (
+    ATTN_FIXED,
+    DIT_FIXED,
+    FF_FIXED,
+    SAME_FIXED,
+    ConfigError,
+    Section,
 )
 
 
@@ -116,11 +50,11 @@ class DiTConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model.diffusion.config") -> DiTConfig:
-        c = _Section(data, where)
-        c.check(_DIT_FIXED)
+        c = Section(data, where)
+        c.check(DIT_FIXED)
         attn, ff, norm = c.opt("attn_kwargs"), c.opt("ff_kwargs"), c.opt("norm_kwargs")
-        attn.check(_ATTN_FIXED)
-        ff.check(_FF_FIXED)
+        attn.check(ATTN_FIXED)
+        ff.check(FF_FIXED)
         norm.get("eps", 1e-5, (1e-5,))
         cond_token_dim = int(c.get("cond_token_dim", 0))
         global_cond_dim = int(c.get("global_cond_dim", 0))
@@ -179,8 +113,8 @@ class SAMEConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str, decoder: bool) -> SAMEConfig:
-        c = _Section(data, where)
-        c.check(_SAME_FIXED)
+        c = Section(data, where)
+        c.check(SAME_FIXED)
         c_mults = tuple(int(x) for x in c.get("c_mults", [1, 2, 4, 8]))
         strides = tuple(int(x) for x in c.get("strides", [2, 4, 8, 8]))
         depths = tuple(int(x) for x in c.get("transformer_depths", [3, 3, 3, 3]))
@@ -231,7 +165,7 @@ class AutoencoderConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model.pretransform.config") -> AutoencoderConfig:
-        c = _Section(data, where)
+        c = Section(data, where)
         patch = c.sub("pretransform").sub("config")
         patch.get("oversampling", 1, (1,))
         patch.get("postfilter_channels", 0, (0,))
@@ -289,13 +223,13 @@ class ConditioningConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model.conditioning") -> ConditioningConfig:
-        c = _Section(data, where)
+        c = Section(data, where)
         items = c.get("configs")
         if "cond_dim" not in c.data or not isinstance(items, list):
             raise c.fail("needs cond_dim and a configs list")
         text, numbers = [], []
         for i, item in enumerate(items):
-            entry = _Section(item, f"{where}.configs[{i}]")
+            entry = Section(item, f"{where}.configs[{i}]")
             cid, kind, cfg = entry.get("id"), entry.get("type"), entry.opt("config")
             if not isinstance(cid, str):
                 raise entry.fail("has no id")
@@ -339,7 +273,7 @@ class ScheduleShift:
 
     @classmethod
     def from_options(cls, options: dict, where: str) -> ScheduleShift:
-        c = _Section(options, where)
+        c = Section(options, where)
         kind = c.get("type", "full", ("logsnr", "full", "flux", "none"))
         return cls(kind, {k: v for k, v in options.items() if k != "type"})
 
@@ -386,7 +320,7 @@ class SA3Config:
 
     @classmethod
     def from_dict(cls, data: dict) -> SA3Config:
-        top = _Section(data, "config")
+        top = Section(data, "config")
         model = top.sub("model")
         diffusion = model.sub("diffusion")
         diffusion.get("input_concat_ids", [], ([],))
