@@ -33,6 +33,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="fast engine: drafted tokens verified by the model (lossless in fp32)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
+    p.add_argument("--window-pad", type=float, default=None, metavar="SECONDS",
+                   help="encode a window shorter than 30 s as its audio + SECONDS of silence "
+                   "(faster; a window whose greedy decode fails is redone at 30 s)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: for files over a minute)")
     p.set_defaults(run=_run_transcribe)
@@ -49,7 +52,10 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     options = DecodingOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
+        window_pad=args.window_pad,
     )
+    if args.window_pad is not None and args.window_pad < 0:
+        raise SystemExit("audiofast: error: --window-pad must be >= 0 seconds")
     if args.engine == "fast":
         from audiofast.asr.fast_runtime import FastWhisper
 

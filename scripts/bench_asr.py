@@ -27,15 +27,17 @@ from audiofast.eval.wer import wer
 Engine = Callable[[Path], dict]
 
 
-def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None) -> Engine:
-    """The CTranslate2 runtime, or with ``fast="PRECISION[+ngram]"`` the owned engine."""
+def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
+                     window_pad: float | None = None) -> Engine:
+    """The CTranslate2 runtime, or with ``fast="PRECISION[+ngram]"`` the owned engine;
+    ``window_pad`` encodes short windows as audio + pad seconds instead of 30 s."""
     if fast:
         precision, _, drafter = fast.partition("+")
         runtime = FastWhisper(model, threads=threads, precision=precision,
                               drafter=drafter or "none")
     else:
         runtime = CT2Whisper(model, threads=threads)
-    options = DecodingOptions(beam_size=beam_size)
+    options = DecodingOptions(beam_size=beam_size, window_pad=window_pad)
 
     def run(path: Path) -> dict:
         before = dict(getattr(runtime, "stats", {}))
@@ -150,6 +152,8 @@ def main() -> None:
     parser.add_argument("--clips", nargs="*", default=None, help="clip names (default: all)")
     parser.add_argument("--fast", nargs="*", default=[],
                         help="owned-engine rows, e.g. fp32 fp32+ngram int8 int8+ngram")
+    parser.add_argument("--window-pad", nargs="*", type=float, default=[],
+                        help="extra audiofast-ct2 rows encoding short windows as audio + PAD s")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
@@ -162,6 +166,8 @@ def main() -> None:
             **{f"audiofast-fast-{f}/{model}": audiofast_engine(model, args.threads,
                                                                args.beam_size, f)
                for f in args.fast},
+            **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(
+                model, args.threads, args.beam_size, window_pad=p) for p in args.window_pad},
         }
         results += bench(engines, clips, args.runs)
     print_table(results)

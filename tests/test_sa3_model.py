@@ -73,7 +73,7 @@ def test_real_configs_describe_sa3() -> None:
         (
             lambda c: c["model"]["conditioning"]["configs"][0].update(type="clap"),
             "unsupported SA3 config: model.conditioning.configs[0].type='clap' "
-            "(supported: ['t5gemma', 'number'])",
+            "(supported: ['t5gemma', 'minilm', 'number'])",
         ),
         (
             lambda c: c["model"]["diffusion"]["config"].update(embed_dim=65),

@@ -95,3 +95,23 @@ def test_resampled_input_gives_the_same_transcript(base, clips, tmp_path, ffmpeg
     path = convert(ffmpeg, clip.audio, tmp_path / "b.flac", 22050, 2)
     assert len(load_audio(path)) > 0
     assert wer(clip.reference, base.transcribe(path).text) == 0.0
+
+
+def test_encoder_frames_for_short_windows():
+    from audiofast.asr.longform import encoder_frames
+
+    assert encoder_frames(3000, 10.0) == 3000  # a full window stays 30 s
+    assert encoder_frames(411, None) == 3000  # no pad: Whisper's standard 30 s
+    assert encoder_frames(411, 10.0) == 1600  # 4.11 s + 10 s -> 16 s (2 s buckets)
+    assert encoder_frames(2800, 10.0) == 3000  # never more than 30 s
+
+
+def test_window_pad_keeps_the_transcript(base, clips):
+    """Short windows encoded as audio + 10 s: the same words on every eval clip (the last
+    window of two_cities and the whole of the shorter clips are short windows)."""
+    for name, bound in REAL_SPEECH_BOUNDS["whisper-base"].items():
+        clip = clips[name]
+        padded = base.transcribe(clip.audio, DecodingOptions(window_pad=10.0))
+        assert wer(clip.reference, padded.text) <= bound, (name, padded.text)
+        assert padded.segments[-1].end <= padded.duration + 1e-6
+        assert padded.stats.get("full_window_retries", 0) == 0  # no window had to be redone

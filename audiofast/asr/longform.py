@@ -6,6 +6,7 @@ The loop is independent of the runtime: anything with ``encode`` / ``decode`` (a
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -115,6 +116,15 @@ def split_segments(
     return pieces, consumed if consumed > 0 else window_frames
 
 
+def encoder_frames(window_frames: int, pad: float | None, bucket_s: float = 2.0) -> int:
+    """Mel frames to encode for a window of ``window_frames`` content frames: 30 s, or with
+    ``pad`` the content plus ``pad`` seconds rounded up to ``bucket_s`` (few distinct shapes)."""
+    if pad is None:
+        return N_FRAMES
+    seconds = window_frames / FRAMES_PER_SECOND + pad
+    return min(N_FRAMES, math.ceil(seconds / bucket_s) * round(bucket_s * FRAMES_PER_SECOND))
+
+
 def transcribe_audio(
     runtime: WindowDecoder,
     audio: np.ndarray,
@@ -142,22 +152,29 @@ def transcribe_audio(
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
         time_offset = seek / FRAMES_PER_SECOND
-        # Whisper pads the tail of the last window in mel space (zeros), not with silent audio.
-        window = pad_or_trim(mel[:, seek : seek + window_frames])
+        input_frames = encoder_frames(window_frames, options.window_pad)
+        while True:
+            # Whisper pads a short window in mel space (zeros), not with silent audio.
+            window = pad_or_trim(mel[:, seek : seek + window_frames], input_frames)
+            t0 = time.perf_counter()
+            encoded = runtime.encode(window)
+            stats["encoder_s"] += time.perf_counter() - t0
+            if language is None:
+                language, language_prob = runtime.detect_language(encoded)
 
-        t0 = time.perf_counter()
-        encoded = runtime.encode(window)
-        stats["encoder_s"] += time.perf_counter() - t0
-        if language is None:
-            language, language_prob = runtime.detect_language(encoded)
-
-        t0 = time.perf_counter()
-        prompt = tok.prompt(
-            history if options.condition_on_previous_text else [],
-            language, options.task, timestamps=not options.without_timestamps,
-        )
-        result = decode_with_fallback(runtime, encoded, prompt, options)
-        stats["decoder_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            prompt = tok.prompt(
+                history if options.condition_on_previous_text else [],
+                language, options.task, timestamps=not options.without_timestamps,
+            )
+            result = decode_with_fallback(runtime, encoded, prompt, options)
+            stats["decoder_s"] += time.perf_counter() - t0
+            if input_frames == N_FRAMES or result.temperature == 0.0:
+                break
+            # Greedy failed its checks on a shortened window (Whisper saw 30 s in training and
+            # sometimes loops on less): decode this window again the standard way.
+            input_frames = N_FRAMES
+            stats["full_window_retries"] = stats.get("full_window_retries", 0) + 1
         stats["windows"] += 1
         stats["tokens"] += len(result.tokens) + 1  # + end-of-text
 

@@ -24,3 +24,6 @@ class DecodingOptions:
     suppress_blank: bool = True
     suppress_tokens: tuple[int, ...] = (-1,)  # -1: the model's own list (config.json)
     max_new_tokens: int = 224  # Whisper's text context is 448 and the prompt takes up to half
+    # Seconds of silence after a window's audio when it is shorter than 30 s (the last window,
+    # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s.
+    window_pad: float | None = None

@@ -11,7 +11,7 @@ from audiofast.diffusion.checkpoint import (
     load_checkpoint,
     load_weights,
 )
-from audiofast.diffusion.conditioners import NumberConditioner, T5GemmaConditioner
+from audiofast.diffusion.conditioners import NumberConditioner, TextConditioner
 from audiofast.diffusion.config import ConfigError, SA3Config
 from audiofast.diffusion.dit import DiT
 
@@ -25,7 +25,7 @@ __all__ = [
     "NumberConditioner",
     "SA3Config",
     "SA3Model",
-    "T5GemmaConditioner",
+    "TextConditioner",
     "attach_text_encoder",
     "build_model",
     "load_checkpoint",

