@@ -108,10 +108,18 @@ def test_encoder_frames_for_short_windows():
 
 def test_window_pad_keeps_the_transcript(base, clips):
     """Short windows encoded as audio + 10 s: the same words on every eval clip (the last
-    window of two_cities and the whole of the shorter clips are short windows)."""
+    window of two_cities and the whole of the shorter clips are short windows). The language
+    is given; detection runs on a full window (see the next test)."""
     for name, bound in REAL_SPEECH_BOUNDS["whisper-base"].items():
         clip = clips[name]
-        padded = base.transcribe(clip.audio, DecodingOptions(window_pad=10.0))
+        padded = base.transcribe(clip.audio, DecodingOptions(language="en", window_pad=10.0))
         assert wer(clip.reference, padded.text) <= bound, (name, padded.text)
         assert padded.segments[-1].end <= padded.duration + 1e-6
         assert padded.stats.get("full_window_retries", 0) == 0  # no window had to be redone
+
+
+def test_window_pad_detects_the_language_on_a_full_window(base, clips):
+    """Detecting on a 16 s window heard 4 s of English as Welsh; a full window gets it right."""
+    result = base.transcribe(clips["clone-test"].audio, DecodingOptions(window_pad=10.0))
+    assert result.language == "en"
+    assert wer(clips["clone-test"].reference, result.text) == 0.0

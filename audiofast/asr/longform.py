@@ -153,6 +153,8 @@ def transcribe_audio(
         window_frames = min(N_FRAMES, content_frames - seek)
         time_offset = seek / FRAMES_PER_SECOND
         input_frames = encoder_frames(window_frames, options.window_pad)
+        if language is None:  # language detection on a shortened window guessed Welsh for
+            input_frames = N_FRAMES  # 4 s of English: detect on a standard 30 s window
         while True:
             # Whisper pads a short window in mel space (zeros), not with silent audio.
             window = pad_or_trim(mel[:, seek : seek + window_frames], input_frames)
