@@ -9,6 +9,7 @@ file and renamed over the old one, so a kill mid-write leaves the previous check
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -91,12 +92,16 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     ema = None
     if opts.ema_decay is not None:
-        import copy
-
         ema = copy.deepcopy(model).requires_grad_(False)
     start = 0
     if checkpoint.is_file():
-        state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        try:
+            state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        except Exception as exc:  # not written by save_atomic: say which file, in one line
+            raise RuntimeError(
+                f"{checkpoint}: unreadable checkpoint ({type(exc).__name__}); delete it to "
+                "start this stage over"
+            ) from None
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if ema is not None:

@@ -122,3 +122,11 @@ def test_killed_training_process_resumes(tmp_path: Path) -> None:
     resumed = torch.load(str(ckpt) + ".final")
     reference = torch.load(str(tmp_path / "ref.ckpt") + ".final")
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+
+
+def test_unreadable_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(b"not a checkpoint")
+    model = _fresh()
+    with pytest.raises(RuntimeError, match=r"bad.ckpt: unreadable checkpoint .*delete it"):
+        train(model, _regression_step(model), TrainOptions(steps=2), path)
