@@ -28,7 +28,7 @@ Engine = Callable[[Path], dict]
 
 
 def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
-                     window_pad: float | None = None) -> Engine:
+                     window_pad: float | None = None, language: str | None = None) -> Engine:
     """The CTranslate2 runtime, or with ``fast="PRECISION[+ngram]"`` the owned engine;
     ``window_pad`` encodes short windows as audio + pad seconds instead of 30 s."""
     if fast:
@@ -37,7 +37,7 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
                               drafter=drafter or "none")
     else:
         runtime = CT2Whisper(model, threads=threads)
-    options = DecodingOptions(beam_size=beam_size, window_pad=window_pad)
+    options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
 
     def run(path: Path) -> dict:
         before = dict(getattr(runtime, "stats", {}))
@@ -54,7 +54,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     return run
 
 
-def faster_whisper_engine(model: str, threads: int, beam_size: int) -> Engine:
+def faster_whisper_engine(model: str, threads: int, beam_size: int,
+                          language: str | None = None) -> Engine:
     from faster_whisper import WhisperModel
 
     from audiofast.models import resolve_model
@@ -63,7 +64,7 @@ def faster_whisper_engine(model: str, threads: int, beam_size: int) -> Engine:
                       cpu_threads=threads)
 
     def run(path: Path) -> dict:
-        segments, _ = fw.transcribe(str(path), beam_size=beam_size)
+        segments, _ = fw.transcribe(str(path), beam_size=beam_size, language=language)
         segments = list(segments)  # the generator does the work
         return {"text": "".join(s.text for s in segments).strip(),
                 "tokens": sum(len(s.tokens) for s in segments)}
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--clips", nargs="*", default=None, help="clip names (default: all)")
     parser.add_argument("--fast", nargs="*", default=[],
                         help="owned-engine rows, e.g. fp32 fp32+ngram int8 int8+ngram")
+    parser.add_argument("--language", default=None, help="given to every engine (default: detect)")
     parser.add_argument("--window-pad", nargs="*", type=float, default=[],
                         help="extra audiofast-ct2 rows encoding short windows as audio + PAD s")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
@@ -161,19 +163,23 @@ def main() -> None:
     results = []
     for model in args.models:
         engines = {
-            f"faster-whisper/{model}": faster_whisper_engine(model, args.threads, args.beam_size),
-            f"audiofast-ct2/{model}": audiofast_engine(model, args.threads, args.beam_size),
+            f"faster-whisper/{model}": faster_whisper_engine(model, args.threads, args.beam_size,
+                                                             args.language),
+            f"audiofast-ct2/{model}": audiofast_engine(model, args.threads, args.beam_size,
+                                                       language=args.language),
             **{f"audiofast-fast-{f}/{model}": audiofast_engine(model, args.threads,
                                                                args.beam_size, f)
                for f in args.fast},
             **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(
-                model, args.threads, args.beam_size, window_pad=p) for p in args.window_pad},
+                model, args.threads, args.beam_size, window_pad=p, language=args.language)
+               for p in args.window_pad},
         }
         results += bench(engines, clips, args.runs)
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-            "beam_size": args.beam_size, "runs": args.runs, "statistic": "median"}
+            "beam_size": args.beam_size, "runs": args.runs, "statistic": "median",
+            "language": args.language, "window_pad": args.window_pad}
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
