@@ -21,11 +21,11 @@ from audiofast.diffusion.generate import generate, load_for_generation
 from audiofast.diffusion.quality import (
     CATEGORIES,
     Judge,
-    ShortWindowWhisperEmbedder,
     category_of,
     train_classifier,
 )
 from audiofast.diffusion.teacher import CLIP_SECONDS, SynthSet
+from audiofast.eval.fad import WhisperEmbedder
 
 SETTINGS = [  # (label, sampler, steps, cfg)
     ("pingpong 8, cfg 1", "pingpong", 8, 1.0),
@@ -40,7 +40,7 @@ def build_judge(reference: SynthSet, train_clips: int = 1500, steps: int = 300) 
     train = SynthSet.build(train_clips, seed=7)
     labels = torch.tensor([CATEGORIES.index(category_of(m)) for m in train.meta])
     classifier = train_classifier(train.audio, labels, steps=steps)
-    return Judge(classifier, ShortWindowWhisperEmbedder(), reference.audio)
+    return Judge(classifier, WhisperEmbedder(threads=2, short_windows=True), reference.audio)
 
 
 def evaluate(model_dir: str, clips: int, seed: int, judge_clips: int = 1500,

