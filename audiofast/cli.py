@@ -29,8 +29,10 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="fp32",
                    help="weights of the fast engine (fp32: drafts provably lossless)")
-    p.add_argument("--drafter", choices=["none", "ngram"], default="none",
+    p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless in fp32)")
+    p.add_argument("--draft-model", type=Path, default=None,
+                   help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--window-pad", type=float, default=None, metavar="SECONDS",
@@ -60,7 +62,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         from audiofast.asr.fast_runtime import FastWhisper
 
         model = FastWhisper(args.model, threads=args.threads, precision=args.precision,
-                            drafter=args.drafter)
+                            drafter=args.drafter, draft_model=args.draft_model)
     else:
         model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type)
     failures = 0
@@ -331,7 +333,38 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_stream(sub)
     _add_generate(sub)
+    _add_distill(sub)
     return parser
+
+
+def _add_distill(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distill", help="train a smaller part from the full model (resumable)")
+    p.add_argument("--stage", choices=["vocab", "drafter"], required=True,
+                   help="vocab: cut the output vocabulary and recover; drafter: draft decoder")
+    p.add_argument("--model", default=None, help="target model (default: whisper-base)")
+    p.add_argument("--keep", type=int, default=8000, help="vocab: tokens to keep")
+    p.add_argument("--steps", type=int, default=None, help="training steps (0: slice only)")
+    p.add_argument("--sentences", type=int, default=400,
+                   help="domain sentences spoken for training")
+    p.add_argument("--workdir", type=Path, default=Path("runs/distill"),
+                   help="spoken examples and checkpoints; rerun to resume after a kill")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(run=_run_distill)
+
+
+def _run_distill(args: argparse.Namespace) -> int:
+    from audiofast.asr.distill import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
+
+    steps = {} if args.steps is None else {"steps": args.steps}
+    if args.stage == "vocab":
+        recipe = VocabDietRecipe(keep=args.keep, train_sentences=args.sentences, **steps)
+        out = distill_vocab(args.model, recipe, args.workdir, args.out, args.threads)
+    else:
+        recipe = DrafterRecipe(train_sentences=args.sentences, **steps)
+        out = distill_drafter(args.model, recipe, args.workdir, args.out, args.threads)
+    print(out)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

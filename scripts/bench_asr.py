@@ -4,7 +4,8 @@ Runs are interleaved (the engine order flips every run) so drift in machine load
 alike; each cell reports the median (and min) of several runs. Prints a table, writes JSON
 and a PNG plot.
 
-    python scripts/bench_asr.py --models whisper-base --runs 3 [--fast fp32 fp32+ngram int8]
+    python scripts/bench_asr.py --models whisper-base --runs 3 --language en \
+        [--fast fp32 int8+ngram int8+model+pad10 --draft-model DIR --diet-model DIR]
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ Engine = Callable[[Path], dict]
 
 
 def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
-                     window_pad: float | None = None, language: str | None = None) -> Engine:
-    """The CTranslate2 runtime, or with ``fast="PRECISION[+ngram]"`` the owned engine;
-    ``window_pad`` encodes short windows as audio + pad seconds instead of 30 s."""
+                     window_pad: float | None = None, language: str | None = None,
+                     draft_model: Path | None = None, diet_model: Path | None = None) -> Engine:
+    """The CTranslate2 runtime, or with ``fast`` the owned engine: ``PRECISION`` then any of
+    ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of the model),
+    ``+padN`` (short windows encoded as audio + N s)."""
     if fast:
-        precision, _, drafter = fast.partition("+")
-        runtime = FastWhisper(model, threads=threads, precision=precision,
-                              drafter=drafter or "none")
+        precision, *parts = fast.split("+")
+        drafter = next((p for p in parts if p in ("ngram", "model")), "none")
+        pads = [float(p[3:]) for p in parts if p.startswith("pad")]
+        window_pad = pads[0] if pads else window_pad
+        runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
+                              precision=precision, drafter=drafter, draft_model=draft_model)
     else:
         runtime = CT2Whisper(model, threads=threads)
     options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
@@ -152,7 +158,11 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--clips", nargs="*", default=None, help="clip names (default: all)")
     parser.add_argument("--fast", nargs="*", default=[],
-                        help="owned-engine rows, e.g. fp32 fp32+ngram int8 int8+ngram")
+                        help="owned-engine rows, e.g. fp32 int8+ngram int8+model+diet+pad10")
+    parser.add_argument("--draft-model", type=Path, default=None,
+                        help="draft decoder for +model rows (audiofast distill --stage drafter)")
+    parser.add_argument("--diet-model", type=Path, default=None,
+                        help="vocab-diet export for +diet rows (audiofast distill --stage vocab)")
     parser.add_argument("--language", default=None, help="given to every engine (default: detect)")
     parser.add_argument("--window-pad", nargs="*", type=float, default=[],
                         help="extra audiofast-ct2 rows encoding short windows as audio + PAD s")
@@ -167,8 +177,9 @@ def main() -> None:
                                                              args.language),
             f"audiofast-ct2/{model}": audiofast_engine(model, args.threads, args.beam_size,
                                                        language=args.language),
-            **{f"audiofast-fast-{f}/{model}": audiofast_engine(model, args.threads,
-                                                               args.beam_size, f)
+            **{f"audiofast-fast-{f}/{model}": audiofast_engine(
+                model, args.threads, args.beam_size, f, language=args.language,
+                draft_model=args.draft_model, diet_model=args.diet_model)
                for f in args.fast},
             **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(
                 model, args.threads, args.beam_size, window_pad=p, language=args.language)

@@ -10,11 +10,13 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 
 # 1. System packages: ffmpeg (torchcodec decodes through it), espeak-ng / flite (TTS eval
 #    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
-#    Playwright drives this Debian build because Playwright's own browser download is blocked).
+#    Playwright drives this Debian build because Playwright's own browser download is blocked),
+#    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation).
 missing=()
 for tool in ffmpeg espeak-ng flite sox chromium; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
+[ -f /usr/share/games/fortunes/literature ] || missing+=(fortunes)
 if ((${#missing[@]})); then
   echo "setup: installing system packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

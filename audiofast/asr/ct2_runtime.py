@@ -12,6 +12,7 @@ from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Transcription
+from audiofast.asr.vocab_diet import VOCAB_MAP_FILE, DietVocab
 from audiofast.audio import AudioSource, load_audio
 from audiofast.models import resolve_model
 
@@ -28,13 +29,19 @@ class CT2Whisper:
             str(self.resolved.ct2_dir), device="cpu", compute_type=compute_type,
             intra_threads=threads,
         )
-        self.tokenizer = WhisperTokenizer.from_dir(
-            self.resolved.ct2_dir, multilingual=self.model.is_multilingual
-        )
+        # A vocab-diet export speaks diet ids; everything outside this class uses original ids.
+        map_path = self.resolved.ct2_dir / VOCAB_MAP_FILE
+        self.vocab = DietVocab.load(map_path, self.resolved.ct2_dir / "tokenizer.json") \
+            if map_path.is_file() else None
+        multilingual = self.model.is_multilingual if self.vocab is None \
+            else self.vocab.full_size >= 51865  # CT2 judges by its own (diet) size
+        self.tokenizer = WhisperTokenizer.from_dir(self.resolved.ct2_dir, multilingual)
         self.n_mels = self.model.n_mels
         config_path = self.resolved.ct2_dir / "config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.default_suppress_ids: list[int] = config.get("suppress_ids", [])
+        if self.vocab is not None:
+            self.default_suppress_ids = self.vocab.unmap_ids(self.default_suppress_ids)
 
     def encode(self, mel_window: torch.Tensor) -> ctranslate2.StorageView:
         """Encode a (n_mels, frames) window; frames is 3000 unless the caller trims padding."""
@@ -42,8 +49,13 @@ class CT2Whisper:
         return self.model.encode(ctranslate2.StorageView.from_array(features))
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:
-        token, prob = self.model.detect_language(encoded)[0][0]
-        return token[2:-2], prob
+        if self.vocab is None:
+            token, prob = self.model.detect_language(encoded)[0][0]
+            return token[2:-2], prob
+        # CT2 judges a diet model English-only and its timestamp rules then leave no way to
+        # read language logits; the fast engine (our decoder) detects languages of any model.
+        raise ValueError("CTranslate2 cannot detect the language with a vocab-diet model: "
+                         "pass --language, or use --engine fast")
 
     def decode(
         self,
@@ -57,18 +69,23 @@ class CT2Whisper:
                           sampling_temperature=temperature)
         else:
             search = dict(beam_size=options.beam_size, patience=options.patience)
+        suppress = self.tokenizer.suppressed_tokens(options.suppress_tokens,
+                                                     self.default_suppress_ids)
+        if self.vocab is not None:
+            prompt = self.vocab.map_ids(self.vocab.encode(prompt))
+            suppress = [int(self.vocab.to_diet[i]) for i in suppress if self.vocab.to_diet[i] >= 0]
         result = self.model.generate(
             encoded, [prompt], length_penalty=options.length_penalty,
             max_length=len(prompt) + options.max_new_tokens,
             return_scores=True, return_no_speech_prob=True,
-            suppress_blank=options.suppress_blank, suppress_tokens=self.tokenizer.suppressed_tokens(
-                options.suppress_tokens, self.default_suppress_ids
-            ),
+            suppress_blank=options.suppress_blank, suppress_tokens=suppress,
             max_initial_timestamp_index=round(options.max_initial_timestamp / TIME_PER_TIMESTAMP),
             **search,
         )[0]
         best = int(np.argmax(result.scores)) if temperature > 0 else 0
         tokens = result.sequences_ids[best]
+        if self.vocab is not None:
+            tokens = self.vocab.unmap_ids(tokens)
         # CT2 scores are sum(logprob) / len**length_penalty; Whisper averages over len + 1
         # (the end-of-text token counts).
         total = result.scores[best] * len(tokens) ** options.length_penalty

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiofast.asr.vocab_diet import DietVocab
+
 Precision = Literal["fp32", "bf16", "int8"]
 
 
@@ -67,8 +69,9 @@ class DecoderLayer(nn.Module):
 class WhisperDecoderEngine(nn.Module):
     """Whisper's text decoder with a static KV cache, for one audio window at a time."""
 
-    def __init__(self, hf_model, precision: Precision = "int8"):
+    def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None):
         super().__init__()
+        self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
         decoder = hf_model.model.decoder
         cfg = hf_model.config
         self.n_heads = cfg.decoder_attention_heads
@@ -129,6 +132,10 @@ class WhisperDecoderEngine(nn.Module):
         end = start + n
         if end > self.n_ctx:
             raise ValueError(f"sequence of {end} tokens exceeds the decoder context {self.n_ctx}")
+        if self.vocab is not None:
+            tokens = self.vocab.to_diet[tokens]
+            if bool((tokens < 0).any()):
+                raise KeyError("a token outside the diet vocabulary reached the decoder")
         x = self.embed(tokens).to(self.dtype) + self.positions[start:end]
         causal = None
         if n > 1:  # query i (position start + i) sees keys 0 .. start + i
@@ -146,4 +153,9 @@ class WhisperDecoderEngine(nn.Module):
             attn = F.scaled_dot_product_attention(q, self.cross_k[i], self.cross_v[i])
             x = x + layer.cross_out(attn.transpose(1, 2).reshape(n, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ffn_ln(x))))
-        return self.lm_head(self.final_ln(x)).float()
+        logits = self.lm_head(self.final_ln(x)).float()
+        if self.vocab is None:
+            return logits
+        full = logits.new_full((n, self.vocab.full_size), -torch.inf)
+        full[:, self.vocab.kept_tensor] = logits
+        return full

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import Drafter, LogitRules, greedy_decode, sample_decode
+from audiofast.asr.drafters.model import ModelDrafter
 from audiofast.asr.drafters.ngram import NgramDrafter
 from audiofast.asr.engine import Precision, WhisperDecoderEngine
 from audiofast.asr.longform import WindowResult, transcribe_audio
@@ -21,16 +24,24 @@ class FastWhisper:
     """Same interface as :class:`CT2Whisper`; decodes on :class:`WhisperDecoderEngine`."""
 
     def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
-                 drafter: str = "none", seed: int = 0):
+                 drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None):
         self.ct2 = CT2Whisper(model, threads=threads)
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = self.ct2.tokenizer
         self.n_mels = self.ct2.n_mels
-        hf_model, _ = whisper_from_ct2(self.ct2.resolved.ct2_dir)
-        self.engine = WhisperDecoderEngine(hf_model, precision)
+        if self.ct2.vocab is not None:  # a vocab-diet export: its HF checkpoint sits in hf/
+            from transformers import WhisperForConditionalGeneration
+
+            hf_model = WhisperForConditionalGeneration.from_pretrained(
+                self.ct2.resolved.ct2_dir / "hf")
+        else:
+            hf_model, _ = whisper_from_ct2(self.ct2.resolved.ct2_dir)
+        self.engine = WhisperDecoderEngine(hf_model, precision, self.ct2.vocab)
         del hf_model
         self.drafter_name = drafter
+        self.draft_model = draft_model
+        self._model_drafter: ModelDrafter | None = None
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
 
@@ -39,15 +50,28 @@ class FastWhisper:
             return None
         if self.drafter_name == "ngram":
             return NgramDrafter(special_from=self.tokenizer.eot)
-        raise ValueError(f"unknown drafter {self.drafter_name!r}: none or ngram")
+        if self.drafter_name == "model":
+            if self.draft_model is None:
+                raise ValueError("--drafter model needs --draft-model DIR "
+                                 "(train one: audiofast distill --stage drafter)")
+            if self._model_drafter is None:  # loaded once, its cache reset every window
+                self._model_drafter = ModelDrafter(self.draft_model, self.engine.precision,
+                                                   special_from=self.tokenizer.eot)
+            return self._model_drafter
+        raise ValueError(f"unknown drafter {self.drafter_name!r}: none, ngram or model")
 
     def encode(self, mel_window: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.array(self.ct2.encode(mel_window)))
 
     def detect_language(self, encoded: torch.Tensor) -> tuple[str, float]:
-        import ctranslate2
-
-        return self.ct2.detect_language(ctranslate2.StorageView.from_array(encoded.numpy()))
+        """The language token most likely after start-of-transcript (softmax over languages)."""
+        tok = self.tokenizer
+        codes = sorted(tok.languages)
+        self.engine.set_audio(encoded)
+        logits = self.engine(torch.tensor([tok.sot]), 0)[0]
+        probs = logits[[tok.language_token(code) for code in codes]].softmax(-1)
+        best = int(probs.argmax())
+        return codes[best], float(probs[best])
 
     def rules(self, options: DecodingOptions, prompt: list[int]) -> LogitRules:
         tok = self.tokenizer
@@ -66,8 +90,10 @@ class FastWhisper:
         self.engine.set_audio(encoded)
         rules = self.rules(options, prompt)
         if temperature == 0:
-            out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens,
-                                self.make_drafter())
+            drafter = self.make_drafter()
+            if isinstance(drafter, ModelDrafter):
+                drafter.set_audio(encoded)
+            out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens, drafter)
         else:
             samples = [sample_decode(self.engine, prompt, rules, options.max_new_tokens,
                                      temperature, self.generator) for _ in range(options.best_of)]

@@ -51,3 +51,32 @@ def tts_texts(path: str | Path | None = None) -> list[str]:
     path = Path(path) if path else evals_dir() / "texts" / "tts_sentences.txt"
     lines = path.read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+DOMAIN_FILES = ("literature", "wisdom", "humorists", "people", "fortunes", "love", "art")
+
+
+def domain_corpus(files: tuple[str, ...] = DOMAIN_FILES, min_words: int = 4,
+                  max_words: int = 30) -> list[str]:
+    """Sentences for the ASR lane's *domain*: quotations and literature from Debian's
+    ``fortunes`` package (plain English prose and dialogue, like the real eval clips).
+
+    Attribution lines and quotes with digits or markup are dropped; the order is the files'
+    own, so a fixed slice is a reproducible held-out split.
+    """
+    if not FORTUNES_DIR.is_dir():
+        raise FileNotFoundError(f"{FORTUNES_DIR} is missing: apt-get install fortunes")
+    sentences = []
+    for name in files:
+        text = (FORTUNES_DIR / name).read_text(encoding="utf-8", errors="replace")
+        for quote in text.split("\n%\n"):
+            lines = [ln.strip() for ln in quote.splitlines()]
+            body = " ".join(ln for ln in lines if ln and not ln.startswith("--"))
+            words = body.split()
+            if not min_words <= len(words) <= max_words:
+                continue
+            if any(c.isdigit() or c in "<>[]{}|_\\/@#*=~^" for c in body) or '"' in body[1:-1]:
+                continue
+            sentences.append(body)
+    return sentences

@@ -1,0 +1,256 @@
+"""Distillation data and stages for the ASR lane: the full model teaches smaller parts.
+
+Data: domain sentences (``domain_corpus``) spoken by the flite voices, several sentences to a
+clip so a window holds ~25 s of speech, encoded once by the int8 CTranslate2 encoder (the
+encoder every engine here runs), and transcribed by the full model with greedy decoding:
+the teacher's own tokens (timestamps included) are the targets, so no labels are needed.
+
+Stages (``audiofast distill --stage ...``):
+
+- ``vocab``: recover a vocab-diet model (:mod:`audiofast.asr.vocab_diet`): targets re-spelled
+  with kept tokens, loss = cross-entropy + KL to the teacher's logits over the kept ids.
+- ``drafter``: train a small draft decoder (:mod:`audiofast.asr.drafters.model`) on the
+  teacher's logits.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.vocab_diet import DietVocab, kd_loss
+from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.tts import synthesize
+from audiofast.training import TrainOptions, save_atomic, train
+
+VOICES = ("flite:slt", "flite:kal", "flite:awb", "flite:rms")
+CLIP_SECONDS = 25.0
+GAP_SECONDS = 0.4
+
+
+@dataclass
+class Example:
+    encoded: torch.Tensor  # (frames, d_model) encoder output of one 30 s window, fp16
+    prompt: list[int]  # start-of-transcript sequence
+    target: list[int]  # the teacher's greedy tokens, end-of-text last
+    text: str  # what was spoken
+
+
+def split_corpus(sentences: list[str], every: int = 20) -> tuple[list[str], list[str]]:
+    """(train, held-out): every ``every``-th sentence is held out, the same on every run."""
+    held = [s for i, s in enumerate(sentences) if i % every == 0]
+    return [s for i, s in enumerate(sentences) if i % every], held
+
+
+def group_sentences(sentences: list[str], words_per_second: float = 2.6) -> list[list[str]]:
+    """Consecutive sentences packed into clips of about ``CLIP_SECONDS`` of speech."""
+    groups, current, seconds = [], [], 0.0
+    for sentence in sentences:
+        estimate = len(sentence.split()) / words_per_second + GAP_SECONDS
+        if current and seconds + estimate > CLIP_SECONDS:
+            groups.append(current)
+            current, seconds = [], 0.0
+        current.append(sentence)
+        seconds += estimate
+    return groups + [current] if current else groups
+
+
+def speak(sentences: list[str], voice: str) -> np.ndarray:
+    """The sentences read by ``voice`` with short pauses, 16 kHz, cut to 30 s."""
+    gap = np.zeros(round(GAP_SECONDS * SAMPLE_RATE), dtype=np.float32)
+    parts = [part for s in sentences for part in (load_audio(synthesize(s, voice)), gap)]
+    return np.concatenate(parts)[: 30 * SAMPLE_RATE]
+
+
+def build_examples(teacher: CT2Whisper, sentences: list[str], cache: str | Path | None = None,
+                   voices: tuple[str, ...] = VOICES) -> list[Example]:
+    """Spoken, encoded and teacher-transcribed clips (cached in ``cache`` once built)."""
+    if cache is not None and Path(cache).is_file():
+        return [Example(**e) for e in torch.load(cache, weights_only=False)["examples"]]
+    tok = teacher.tokenizer
+    prompt = tok.sot_sequence("en", "transcribe", timestamps=True)
+    options = DecodingOptions(language="en")
+    examples = []
+    groups = group_sentences(sentences)
+    for i, group in enumerate(tqdm(groups, desc="teacher transcripts")):
+        audio = speak(group, voices[i % len(voices)])
+        mel = pad_or_trim(log_mel_spectrogram(audio, teacher.n_mels), N_FRAMES)
+        encoded = teacher.encode(mel)
+        result = teacher.decode(encoded, prompt, options, temperature=0.0)
+        examples.append(Example(
+            torch.from_numpy(np.array(encoded))[0].half(), prompt,
+            [*result.tokens, tok.eot], " ".join(group),
+        ))
+    if cache is not None:
+        save_atomic({"examples": [vars(e) for e in examples]}, cache)
+    return examples
+
+
+def _batch(examples: list[Example], index: torch.Tensor, to_ids) -> tuple[torch.Tensor, ...]:
+    """Encoder states, decoder inputs and labels (-100 on prompt and padding) of a batch."""
+    rows = [examples[int(i)] for i in index]
+    seqs = [(to_ids(e.prompt), to_ids(e.target)) for e in rows]
+    length = max(len(p) + len(t) - 1 for p, t in seqs)
+    inputs = torch.zeros(len(rows), length, dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    for r, (p, t) in enumerate(seqs):
+        ids = p + t[:-1]
+        inputs[r, : len(ids)] = torch.tensor(ids)
+        labels[r, len(p) - 1 : len(p) - 1 + len(t)] = torch.tensor(t)
+    encoded = torch.stack([e.encoded for e in rows]).float()
+    return encoded, inputs, labels
+
+
+def decoder_hidden(model, encoded: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of a Hugging Face Whisper decoder (before the output head)."""
+    return model.model.decoder(input_ids=inputs, encoder_hidden_states=encoded).last_hidden_state
+
+
+def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
+                  opts: TrainOptions, checkpoint: str | Path, batch_size: int = 4):
+    """Teach the diet model to spell with kept tokens what the teacher said with any token."""
+    teacher.eval().requires_grad_(False)
+    kept_head = teacher.proj_out.weight.detach()[vocab.kept_tensor]
+    student.model.encoder.requires_grad_(False)
+    student.model.decoder.embed_positions.requires_grad_(False)
+
+    def step(_: int, generator: torch.Generator):
+        index = torch.randperm(len(examples), generator=generator)[:batch_size]
+        encoded, inputs, labels = _batch(examples, index, vocab.encode)
+        with torch.no_grad():
+            teacher_logits = decoder_hidden(teacher, encoded, inputs) @ kept_head.T
+        diet_inputs = vocab.to_diet[inputs]
+        diet_labels = torch.where(labels >= 0, vocab.to_diet[labels.clamp(min=0)], -100)
+        logits = student.proj_out(decoder_hidden(student, encoded, diet_inputs))
+        loss = kd_loss(logits, teacher_logits, diet_labels)
+        return loss, {}
+
+    student = train(student, step, opts, checkpoint, desc="vocab recovery",
+                    params=list(student.model.decoder.parameters()))
+    return student.eval()
+
+
+def model_name(runtime: CT2Whisper) -> str:
+    """A file-name-safe name for the model (packaged models live in folders named 'model')."""
+    resolved = runtime.resolved
+    name = resolved.spec if resolved.kind == "packaged" else resolved.ct2_dir.name
+    return name.replace("/", "_")
+
+
+@dataclass(frozen=True)
+class VocabDietRecipe:
+    keep: int = 8000
+    train_sentences: int = 400  # domain sentences spoken for recovery (~60 clips of ~25 s)
+    steps: int = 60
+    batch_size: int = 4
+    lr: float = 2e-5
+
+
+def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
+                  out: str | Path | None = None, threads: int = 0) -> Path:
+    """Select, slice, recover and export a vocab-diet model; every stage resumes from
+    ``workdir`` (the spoken examples and the recovery checkpoint are kept there)."""
+    from audiofast.asr.vocab_diet import select_tokens, slice_vocab, whisper_always_kept
+    from audiofast.eval.datasets import domain_corpus
+    from audiofast.models.ct2_to_hf import whisper_from_ct2
+    from audiofast.models.diet_export import export_diet_whisper
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    teacher_rt = CT2Whisper(model, threads=threads)
+    if threads:
+        torch.set_num_threads(threads)
+    tok, source = teacher_rt.tokenizer, teacher_rt.resolved.ct2_dir
+    sentences, _ = split_corpus(domain_corpus())
+    teacher, _ = whisper_from_ct2(source)
+    full_size = teacher.config.vocab_size
+    always = whisper_always_kept(source / "tokenizer.json", tok.eot, full_size)
+    vocab = DietVocab(select_tokens(sentences, tok.encode, recipe.keep, full_size, always),
+                      full_size)
+    vocab.attach_tokenizer(source / "tokenizer.json")
+    name = f"{model_name(teacher_rt)}-diet{recipe.keep}"
+    examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
+                              cache=workdir / f"examples-{model_name(teacher_rt)}.pt")
+    student, _ = whisper_from_ct2(source)
+    slice_vocab(student, vocab)
+    if recipe.steps:
+        opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
+                            checkpoint_every=10)
+        student = recover_vocab(teacher, student, vocab, examples, opts,
+                                workdir / f"{name}.ckpt", recipe.batch_size)
+    return export_diet_whisper(student, vocab, source, out or workdir / name,
+                               tok.timestamp_begin)
+
+
+def train_drafter(teacher, draft, examples: list[Example], opts: TrainOptions,
+                  checkpoint: str | Path, batch_size: int = 4, temperature: float = 1.0):
+    """Distil the target's next-token distributions (on its own transcripts) into the draft;
+    acceptance is agreement with the target's argmax, which KL to its logits trains for."""
+    teacher.eval().requires_grad_(False)
+    draft.model.decoder.embed_positions.requires_grad_(False)
+
+    def step(_: int, generator: torch.Generator):
+        index = torch.randperm(len(examples), generator=generator)[:batch_size]
+        encoded, inputs, labels = _batch(examples, index, list)
+        with torch.no_grad():
+            teacher_logits = teacher.proj_out(decoder_hidden(teacher, encoded, inputs))
+        logits = draft.proj_out(decoder_hidden(draft, encoded, inputs))
+        loss = kd_loss(logits, teacher_logits, labels, temperature, alpha=0.8)
+        mask = labels != -100
+        agree = (logits[mask].argmax(-1) == teacher_logits[mask].argmax(-1)).float().mean()
+        return loss, {"agree": round(agree.item(), 4)}
+
+    draft = train(draft, step, opts, checkpoint, desc="drafter",
+                  params=list(draft.model.decoder.parameters()))
+    return draft.eval()
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    layers: tuple[int, ...] = (0, -1)
+    train_sentences: int = 400
+    steps: int = 150
+    batch_size: int = 4
+    lr: float = 1e-4
+
+
+def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
+                    out: str | Path | None = None, threads: int = 0) -> Path:
+    """Train a draft decoder for ``model`` and save it (a Hugging Face Whisper folder)."""
+    from audiofast.asr.drafters.model import draft_from_target
+    from audiofast.eval.datasets import domain_corpus
+    from audiofast.models.ct2_to_hf import whisper_from_ct2
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    teacher_rt = CT2Whisper(model, threads=threads)
+    if threads:
+        torch.set_num_threads(threads)
+    source = teacher_rt.resolved.ct2_dir
+    sentences, _ = split_corpus(domain_corpus())
+    examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
+                              cache=workdir / f"examples-{model_name(teacher_rt)}.pt")
+    teacher, _ = whisper_from_ct2(source)
+    draft = draft_from_target(teacher, recipe.layers)
+    opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
+                        checkpoint_every=10)
+    name = f"{model_name(teacher_rt)}-drafter{len(recipe.layers)}"
+    draft = train_drafter(teacher, draft, examples, opts, workdir / f"{name}.ckpt",
+                          recipe.batch_size)
+    out = Path(out or workdir / name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    draft.save_pretrained(staging)  # then renamed: a kill never leaves half a model at out
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return out
