@@ -74,6 +74,12 @@ def test_sliced_logits_equal_the_full_models_at_kept_ids(tiny):
     kept = vocab.kept_tensor
     assert torch.allclose(la[:, kept], lb[:, kept], atol=1e-4)
     assert torch.isinf(lb).sum() == len(tokens) * (vocab.full_size - len(kept))
+    # Drafts are cut before the first token the diet dropped (it could never be emitted).
+    dropped = next(i for i in range(vocab.full_size) if i not in vocab.kept_set)
+    assert b.known_prefix([*tokens.tolist(), dropped, 440]) == len(tokens)
+    assert a.known_prefix([dropped, 440]) == 2
+    with pytest.raises(KeyError, match="outside the diet"):
+        b(torch.tensor([dropped]), 0)
 
 
 def test_export_transcribes_like_the_full_model_when_it_keeps_its_tokens(tiny, clips, tmp_path):

@@ -99,7 +99,7 @@ def greedy_decode(
             break
         out.tokens.append(token)
         draft = drafter.propose(prompt + out.tokens) if drafter else []
-        draft = draft[: max(0, limit - len(out.tokens))]
+        draft = draft[: min(max(0, limit - len(out.tokens)), engine.known_prefix(draft))]
         rows = engine(torch.tensor([token, *draft]), position)
         out.engine_calls += 1
         accepted = 0

@@ -111,6 +111,14 @@ class WhisperDecoderEngine(nn.Module):
         """(n, d) -> (1, heads, n, head_dim)."""
         return x.view(1, x.shape[0], self.n_heads, -1).transpose(1, 2)
 
+    def known_prefix(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` this decoder can take (all, unless a vocab diet dropped
+        one: a draft is cut there, since the diet model could never emit it)."""
+        if self.vocab is None:
+            return len(tokens)
+        return next((i for i, t in enumerate(tokens) if t not in self.vocab.kept_set),
+                    len(tokens))
+
     @torch.inference_mode()
     def set_audio(self, encoder_out: torch.Tensor) -> None:
         """Project the window's encoder output to cross-attention K/V, once per window."""
