@@ -97,6 +97,9 @@ def test_export_transcribes_like_the_full_model_when_it_keeps_its_tokens(tiny, c
     fast = FastWhisper(str(out), threads=2, precision="fp32")
     assert fast.engine.embed.num_embeddings == 2500
     assert fast.transcribe(clip.audio).text == full_text
+    # A prompt with dropped tokens is re-spelled, not an error.
+    prompted = DecodingOptions(initial_prompt="Incredulity and schizophrenia.")
+    assert fast.transcribe(clip.audio, prompted).text.strip()
     ct2_text = CT2Whisper(str(out), threads=2).transcribe(clip.audio, DecodingOptions()).text
     assert ct2_text.split()[-2:] == full_text.split()[-2:]  # int8 re-quantized: same ending
 

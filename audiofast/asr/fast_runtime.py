@@ -87,6 +87,8 @@ class FastWhisper:
                temperature: float) -> WindowResult:
         if options.beam_size > 1 and temperature == 0:
             raise NotImplementedError("the fast engine is greedy; use --engine ct2 for beams")
+        if self.ct2.vocab is not None:  # an initial prompt may hold tokens the diet dropped
+            prompt = self.ct2.vocab.encode(prompt)
         self.engine.set_audio(encoded)
         rules = self.rules(options, prompt)
         if temperature == 0:
