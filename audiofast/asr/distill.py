@@ -15,6 +15,7 @@ Stages (``audiofast distill --stage ...``):
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -25,11 +26,21 @@ import torch
 from tqdm.auto import tqdm
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.drafters.model import draft_from_target
 from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from audiofast.asr.options import DecodingOptions
-from audiofast.asr.vocab_diet import DietVocab, kd_loss
+from audiofast.asr.vocab_diet import (
+    DietVocab,
+    kd_loss,
+    select_tokens,
+    slice_vocab,
+    whisper_always_kept,
+)
 from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.datasets import domain_corpus
 from audiofast.eval.tts import synthesize
+from audiofast.models.ct2_to_hf import whisper_from_ct2
+from audiofast.models.diet_export import export_diet_whisper
 from audiofast.training import TrainOptions, save_atomic, train
 
 VOICES = ("flite:slt", "flite:kal", "flite:awb", "flite:rms")
@@ -159,10 +170,6 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
                   out: str | Path | None = None, threads: int = 0) -> Path:
     """Select, slice, recover and export a vocab-diet model; every stage resumes from
     ``workdir`` (the spoken examples and the recovery checkpoint are kept there)."""
-    from audiofast.asr.vocab_diet import select_tokens, slice_vocab, whisper_always_kept
-    from audiofast.eval.datasets import domain_corpus
-    from audiofast.models.ct2_to_hf import whisper_from_ct2
-    from audiofast.models.diet_export import export_diet_whisper
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -180,8 +187,7 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
     name = f"{model_name(teacher_rt)}-diet{recipe.keep}"
     examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
                               cache=workdir / f"examples-{model_name(teacher_rt)}.pt")
-    student, _ = whisper_from_ct2(source)
-    slice_vocab(student, vocab)
+    student = slice_vocab(copy.deepcopy(teacher), vocab)
     if recipe.steps:
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
                             checkpoint_every=10)
@@ -226,9 +232,6 @@ class DrafterRecipe:
 def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
                     out: str | Path | None = None, threads: int = 0) -> Path:
     """Train a draft decoder for ``model`` and save it (a Hugging Face Whisper folder)."""
-    from audiofast.asr.drafters.model import draft_from_target
-    from audiofast.eval.datasets import domain_corpus
-    from audiofast.models.ct2_to_hf import whisper_from_ct2
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)

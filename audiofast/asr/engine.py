@@ -92,6 +92,7 @@ class WhisperDecoderEngine(nn.Module):
         self.v_cache = torch.zeros(shape, dtype=self.dtype)
         self.cross_k: list[torch.Tensor] = []
         self.cross_v: list[torch.Tensor] = []
+        self._audio: torch.Tensor | None = None
         self.eval()
 
     def _cast(self, precision: Precision) -> None:
@@ -122,6 +123,9 @@ class WhisperDecoderEngine(nn.Module):
     @torch.inference_mode()
     def set_audio(self, encoder_out: torch.Tensor) -> None:
         """Project the window's encoder output to cross-attention K/V, once per window."""
+        if encoder_out is self._audio:  # language detection already projected this window
+            return
+        self._audio = encoder_out
         enc = encoder_out.reshape(-1, self.d_model).to(self.dtype)
         self.cross_k, self.cross_v = [], []
         for layer in self.layers:

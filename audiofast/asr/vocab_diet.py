@@ -90,6 +90,8 @@ class DietVocab:
         """A token spelled with the fewest kept tokens (itself when kept; bytes at worst)."""
         if token in self.kept_set:
             return [token]
+        if token in self._splits:
+            return self._splits[token]
         if self.token_to_id is None:
             raise ValueError("this DietVocab has no token strings: attach_tokenizer first")
         name = self._id_to_token[token]
@@ -105,7 +107,12 @@ class DietVocab:
             begin = best[end][1]
             pieces.append(self._kept_strings[name[begin:end]])
             end = begin
-        return pieces[::-1]
+        self._splits[token] = pieces[::-1]  # training re-spells the same targets every step
+        return self._splits[token]
+
+    @cached_property
+    def _splits(self) -> dict[int, list[int]]:
+        return {}
 
     @cached_property
     def _id_to_token(self) -> dict[int, str]:
