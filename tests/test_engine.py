@@ -1,16 +1,27 @@
-"""The owned decoder engine and lossless drafting (fp32: the precision that is batch-exact)."""
+"""The owned decoder engine and lossless drafting, in fp32 and batch-invariant int8."""
+
+import json
 
 import pytest
 import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.drafters.model import draft_from_target
 from audiofast.asr.drafters.ngram import NgramDrafter, build_table
-from audiofast.asr.fast_runtime import FastWhisper
+from audiofast.asr.engine import WhisperDecoderEngine
+from audiofast.asr.fast_runtime import FastWhisper, _ranges_path
+from audiofast.asr.invariant_int8 import load_ranges, ranges
+from audiofast.models.ct2_to_hf import whisper_from_ct2
 
 
 @pytest.fixture(scope="module")
 def fast_fp32():
     return FastWhisper("whisper-base", threads=2, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def fast_int8():
+    return FastWhisper("whisper-base", threads=2, precision="int8")
 
 
 def test_one_pass_verification_equals_token_by_token(fast_fp32, clips):
@@ -70,3 +81,42 @@ def test_domain_table_drafts_unseen_context():
     table = build_table(["the old church bell rang", "the old church"], encode)
     drafter = NgramDrafter(special_from=100, table=table)
     assert drafter.propose([9, 9, 1, 2]) == [3, 4, 5]
+
+
+def test_int8_verification_is_bit_exact_only_with_fixed_ranges(fast_int8):
+    """Plain dynamic int8 quantizes a row differently when draft rows share its call; with
+    calibrated ranges (and the anchor row) the k-row call equals k one-row calls bit for bit."""
+    tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
+    encoded = fast_int8.encode(torch.zeros(80, 3000) - 0.5)
+    hf_model, _ = whisper_from_ct2(fast_int8.ct2.resolved.ct2_dir)
+    dynamic = WhisperDecoderEngine(hf_model, "int8")
+    for engine, exact in ((fast_int8.engine, True), (dynamic, False)):
+        engine.set_audio(encoded)
+        together = engine(tokens, 0)[4:]
+        apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
+        assert torch.equal(together, apart) is exact
+
+
+def test_int8_ranges_are_cached_and_checked(fast_int8):
+    path = _ranges_path(fast_int8.ct2.resolved.ct2_dir)
+    table = json.loads(path.read_text())
+    assert table == ranges(fast_int8.engine) and len(table) == 6 * 6 + 1  # 6 layers + head
+    assert all(low < 0 < high for low, high in table.values())
+    with pytest.raises(ValueError, match="does not match"):
+        load_ranges(fast_int8.engine, {"lm_head": table["lm_head"]})
+
+
+@pytest.mark.parametrize("clip", ["two_cities", "endgame_nagg_nell", "beckett", "clone-test"])
+def test_int8_drafting_is_lossless(fast_int8, clips, clip, tmp_path_factory):
+    """n-gram and draft-model drafting keep the plain int8 greedy transcript on every clip."""
+    folder = tmp_path_factory.getbasetemp() / "base-draft"
+    if not folder.exists():
+        target, _ = whisper_from_ct2(fast_int8.ct2.resolved.ct2_dir)
+        draft_from_target(target).save_pretrained(folder)
+    fast_int8.drafter_name = "none"
+    plain = [s.tokens for s in fast_int8.transcribe(clips[clip].audio).segments]
+    fast_int8.draft_model = folder
+    for drafter in ("ngram", "model"):
+        fast_int8.drafter_name = drafter
+        drafted = fast_int8.transcribe(clips[clip].audio)
+        assert [s.tokens for s in drafted.segments] == plain, drafter

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiofast.asr.invariant_int8 import make_invariant
 from audiofast.asr.vocab_diet import DietVocab
 
 Precision = Literal["fp32", "bf16", "int8"]
@@ -69,7 +70,8 @@ class DecoderLayer(nn.Module):
 class WhisperDecoderEngine(nn.Module):
     """Whisper's text decoder with a static KV cache, for one audio window at a time."""
 
-    def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None):
+    def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None,
+                 invariant: bool = False):
         super().__init__()
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
         decoder = hf_model.model.decoder
@@ -85,6 +87,8 @@ class WhisperDecoderEngine(nn.Module):
         self.lm_head = _linear(head.clone(), None)
         self.precision = precision
         self._cast(precision)
+        if invariant and precision == "int8":  # ranges come from calibration (invariant_int8)
+            make_invariant(self, skip=("cross_kv",))  # once per window: same for every row
         head_dim = self.d_model // self.n_heads
         shape = (len(self.layers), 1, self.n_heads, self.n_ctx, head_dim)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
