@@ -27,10 +27,11 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
     p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
                    help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
-    p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="fp32",
-                   help="weights of the fast engine (fp32: drafts provably lossless)")
+    p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
+                   help="weights of the fast engine (int8 with calibrated, batch-invariant "
+                        "activation ranges)")
     p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
-                   help="fast engine: drafted tokens verified by the model (lossless in fp32)")
+                   help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,
                    help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
@@ -342,7 +343,8 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stage", choices=["vocab", "drafter"], required=True,
                    help="vocab: cut the output vocabulary and recover; drafter: draft decoder")
     p.add_argument("--model", default=None, help="target model (default: whisper-base)")
-    p.add_argument("--keep", type=int, default=8000, help="vocab: tokens to keep")
+    p.add_argument("--keep", type=int, default=8000,
+                   help="vocab: tokens to keep; drafter: tokens its cut output head can draft")
     p.add_argument("--steps", type=int, default=None, help="training steps (0: slice only)")
     p.add_argument("--sentences", type=int, default=400,
                    help="domain sentences spoken for training")
@@ -361,7 +363,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         recipe = VocabDietRecipe(keep=args.keep, train_sentences=args.sentences, **steps)
         out = distill_vocab(args.model, recipe, args.workdir, args.out, args.threads)
     else:
-        recipe = DrafterRecipe(train_sentences=args.sentences, **steps)
+        recipe = DrafterRecipe(train_sentences=args.sentences, head_keep=args.keep, **steps)
         out = distill_drafter(args.model, recipe, args.workdir, args.out, args.threads)
     print(out)
     return 0

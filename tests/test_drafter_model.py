@@ -63,6 +63,8 @@ def test_distill_drafter_command_trains_saves_and_resumes(tmp_path, capsys):
             str(tmp_path / "draft"), "--threads", "2"]
     assert main(args) == 0
     assert (tmp_path / "draft" / "config.json").is_file()
+    head_ids = json.loads((tmp_path / "draft" / "head_ids.json").read_text())
+    assert len(head_ids) == 8000 and 50257 in head_ids and 50363 in head_ids
     log = tmp_path / "work" / "whisper-tiny.en-drafter2.ckpt.log.jsonl"
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps == [0, 1]

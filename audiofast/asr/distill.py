@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.drafters.model import draft_from_target
+from audiofast.asr.drafters.model import draft_from_target, save_head_ids
 from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.vocab_diet import (
@@ -227,6 +227,7 @@ class DrafterRecipe:
     steps: int = 150
     batch_size: int = 4
     lr: float = 1e-4
+    head_keep: int = 8000  # the draft's output head is cut to the corpus's frequent tokens
 
 
 def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
@@ -253,6 +254,10 @@ def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     draft.save_pretrained(staging)  # then renamed: a kill never leaves half a model at out
+    always = whisper_always_kept(source / "tokenizer.json", teacher_rt.tokenizer.eot,
+                                 draft.config.vocab_size)
+    save_head_ids(staging, select_tokens(sentences, teacher_rt.tokenizer.encode,
+                                         recipe.head_keep, draft.config.vocab_size, always))
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)

@@ -71,9 +71,10 @@ class WhisperDecoderEngine(nn.Module):
     """Whisper's text decoder with a static KV cache, for one audio window at a time."""
 
     def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None,
-                 invariant: bool = False):
+                 invariant: bool = False, head_ids: torch.Tensor | None = None):
         super().__init__()
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
+        self.head_ids = head_ids  # a drafter's cut head: logits only for these ids, in order
         decoder = hf_model.model.decoder
         cfg = hf_model.config
         self.n_heads = cfg.decoder_attention_heads
@@ -84,6 +85,8 @@ class WhisperDecoderEngine(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(layer) for layer in decoder.layers)
         self.final_ln = _layer_norm(decoder.layer_norm)
         head = hf_model.proj_out.weight.detach()
+        if head_ids is not None:
+            head = head[head_ids]
         self.lm_head = _linear(head.clone(), None)
         self.precision = precision
         self._cast(precision)

@@ -87,8 +87,9 @@ class FastWhisper:
                 raise ValueError("--drafter model needs --draft-model DIR "
                                  "(train one: audiofast distill --stage drafter)")
             if self._model_drafter is None:  # loaded once, its cache reset every window
-                self._model_drafter = ModelDrafter(self.draft_model, self.engine.precision,
-                                                   special_from=self.tokenizer.eot)
+                self._model_drafter = ModelDrafter(
+                    self.draft_model, self.engine.precision, special_from=self.tokenizer.eot,
+                    timestamps_from=self.tokenizer.timestamp_begin)
             return self._model_drafter
         raise ValueError(f"unknown drafter {self.drafter_name!r}: none, ngram or model")
 

@@ -6,11 +6,16 @@ first and last), then distilled on the target's own greedy transcripts and logit
 it is saved as an ordinary Hugging Face Whisper checkpoint and runs on the same
 :class:`WhisperDecoderEngine` as the target; drafting k tokens costs k small steps, and the
 target verifies them all in one pass.
+
+The drafter's output head is cut to the domain's frequent tokens (``head_ids.json`` beside the
+checkpoint, a vocab diet without recovery): the full 51865-row head was a third of a draft
+step, and a rare token the cut head cannot propose only ends that draft early.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -39,16 +44,30 @@ def draft_from_target(target: WhisperForConditionalGeneration,
     return draft.eval()
 
 
+HEAD_IDS_FILE = "head_ids.json"
+
+
+def save_head_ids(folder: str | Path, ids: list[int]) -> None:
+    (Path(folder) / HEAD_IDS_FILE).write_text(json.dumps(sorted(ids)))
+
+
 class ModelDrafter:
     """Greedy drafts from a small decoder, keeping its KV cache across calls: only the tokens
     that changed since the last call (the verified ones) are fed again."""
 
     def __init__(self, draft: WhisperForConditionalGeneration | str | Path,
-                 precision: Precision = "int8", max_draft: int = 6, special_from: int = 50257):
+                 precision: Precision = "int8", max_draft: int = 6, special_from: int = 50257,
+                 timestamps_from: int | None = None):
+        head_ids = None
         if not isinstance(draft, nn.Module):
+            ids_file = Path(draft) / HEAD_IDS_FILE
+            if ids_file.is_file():
+                head_ids = torch.tensor(json.loads(ids_file.read_text()))
             draft = WhisperForConditionalGeneration.from_pretrained(draft)
-        self.engine = WhisperDecoderEngine(draft, precision)
-        self.special_from = special_from  # drafts stop before special tokens
+        self.engine = WhisperDecoderEngine(draft, precision, head_ids=head_ids)
+        self.head_ids = head_ids
+        self.special_from = special_from  # drafts stop before special tokens ...
+        self.timestamps_from = timestamps_from  # ... except timestamps, when given
         self.max_draft = max_draft
         self.draft_len = 4
         self.fed: list[int] = []  # tokens whose keys/values are in the draft's cache
@@ -69,7 +88,9 @@ class ModelDrafter:
         draft: list[int] = []
         while len(draft) < self.draft_len:
             token = int(logits.argmax())
-            if token >= self.special_from or len(self.fed) + 1 >= self.engine.n_ctx:
+            if self.head_ids is not None:
+                token = int(self.head_ids[token])
+            if not self._draftable(token) or len(self.fed) + 1 >= self.engine.n_ctx:
                 break
             draft.append(token)
             if len(draft) == self.draft_len:
@@ -77,6 +98,10 @@ class ModelDrafter:
             logits = self.engine(torch.tensor([token]), len(self.fed))[0]
             self.fed.append(token)
         return draft
+
+    def _draftable(self, token: int) -> bool:
+        return token < self.special_from or (
+            self.timestamps_from is not None and token >= self.timestamps_from)
 
     def feedback(self, drafted: int, accepted: int) -> None:
         """Draft longer after a full accept, shorter after an early miss."""
