@@ -100,10 +100,10 @@ def test_int8_verification_is_bit_exact_only_with_fixed_ranges(fast_int8):
 def test_int8_ranges_are_cached_and_checked(fast_int8):
     path = _ranges_path(fast_int8.ct2.resolved.ct2_dir)
     table = json.loads(path.read_text())
-    assert table == ranges(fast_int8.engine) and len(table) == 6 * 6 + 1  # 6 layers + head
+    assert table == ranges(fast_int8.engine.step) and len(table) == 6 * 6 + 1  # 6 layers + head
     assert all(low < 0 < high for low, high in table.values())
     with pytest.raises(ValueError, match="does not match"):
-        load_ranges(fast_int8.engine, {"lm_head": table["lm_head"]})
+        load_ranges(fast_int8.engine.step, {"lm_head": table["lm_head"]})
 
 
 @pytest.mark.parametrize("clip", ["two_cities", "endgame_nagg_nell", "beckett", "clone-test"])

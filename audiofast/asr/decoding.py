@@ -27,12 +27,16 @@ class LogitRules:
     timestamps: bool
     max_initial_timestamp_index: int = 50
 
+    def __post_init__(self) -> None:  # index tensors built once, not on every token
+        self._suppress = torch.tensor(self.suppress, dtype=torch.long)
+        self._suppress_at_begin = torch.tensor(self.suppress_at_begin, dtype=torch.long)
+
     def apply(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
         logits = logits.clone()
         ts = self.tokenizer.timestamp_begin
-        logits[self.suppress] = -torch.inf
+        logits[self._suppress] = -torch.inf
         if not generated:
-            logits[self.suppress_at_begin] = -torch.inf
+            logits[self._suppress_at_begin] = -torch.inf
         if not self.timestamps:
             logits[ts:] = -torch.inf
             return logits
@@ -50,9 +54,10 @@ class LogitRules:
         if not generated:  # begin with a timestamp, and not too late
             logits[:ts] = -torch.inf
             logits[ts + self.max_initial_timestamp_index + 1 :] = -torch.inf
-        logprobs = logits.log_softmax(-1)
-        if logprobs[ts:].logsumexp(-1) > logprobs[:ts].max():
-            logits[:ts] = -torch.inf  # timestamps together outweigh any text token
+        # Timestamps together outweigh any text token (compared in logits: the log-softmax
+        # normaliser would subtract the same constant from both sides).
+        if logits[ts:].logsumexp(-1) > logits[:ts].max():
+            logits[:ts] = -torch.inf
         return logits
 
 

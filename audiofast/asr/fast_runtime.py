@@ -67,7 +67,9 @@ class FastWhisper:
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
         if precision == "int8":
-            cached_ranges(self.engine, _ranges_path(self.ct2.resolved.ct2_dir), self._calibrate)
+            cached_ranges(self.engine.step, _ranges_path(self.ct2.resolved.ct2_dir),
+                          self._calibrate)
+            self.engine.script()
 
     def _calibrate(self) -> None:
         """Decode calibration speech (plain greedy) while the engine records its int8 ranges."""

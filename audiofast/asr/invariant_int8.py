@@ -12,9 +12,8 @@ The ranges are calibrated once per model by recording every linear's input min/m
 decoding speech, widened by a margin, and cached as JSON.
 """
 
-from __future__ import annotations
-
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,31 +27,32 @@ MARGIN = 1.25  # calibrated extremes are widened by this much before clamping
 
 
 class InvariantInt8Linear(nn.Module):
-    """A dynamic int8 linear with a fixed activation range (or recording one, while unset)."""
+    """A dynamic int8 linear with a fixed activation range (or recording one, until fixed).
+
+    Plain attributes (no Optional tuples) so that TorchScript can compile the decoder step."""
 
     def __init__(self, qlinear: nn.Module, in_features: int):
         super().__init__()
         self.qlinear = qlinear
         self.in_features = in_features
-        self.range: tuple[float, float] | None = None
-        self.seen: tuple[float, float] | None = None  # extremes recorded during calibration
-        self.anchor: torch.Tensor | None = None
+        self.fixed = False
+        self.low, self.high = 0.0, 0.0  # the clamp range, once fixed
+        self.seen_low, self.seen_high = math.inf, -math.inf  # extremes recorded so far
+        self.anchor = torch.zeros(1, in_features)
 
     def set_range(self, low: float, high: float) -> None:
-        low, high = min(low, 0.0), max(high, 0.0)  # the kernel's range always holds zero
-        self.range = (low, high)
+        self.low, self.high = min(low, 0.0), max(high, 0.0)  # the kernel's range holds zero
         self.anchor = torch.zeros(1, self.in_features)
-        self.anchor[0, 0], self.anchor[0, 1] = low, high
+        self.anchor[0, 0], self.anchor[0, 1] = self.low, self.high
+        self.fixed = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.range is None:
-            low, high = float(x.min()), float(x.max())
-            if self.seen is not None:
-                low, high = min(low, self.seen[0]), max(high, self.seen[1])
-            self.seen = (low, high)
-            return self.qlinear(x)
-        x = torch.cat([x.clamp(*self.range), self.anchor])
-        return self.qlinear(x)[:-1]
+        if self.fixed:
+            x = torch.cat([x.clamp(self.low, self.high), self.anchor])
+            return self.qlinear(x)[:-1]
+        self.seen_low = min(self.seen_low, float(x.min()))
+        self.seen_high = max(self.seen_high, float(x.max()))
+        return self.qlinear(x)
 
 
 def make_invariant(module: nn.Module, skip: tuple[str, ...] = ()) -> list[str]:
@@ -73,7 +73,7 @@ def _linears(module: nn.Module) -> dict[str, InvariantInt8Linear]:
 
 
 def ranges(module: nn.Module) -> dict[str, list[float]]:
-    return {name: list(m.range) for name, m in _linears(module).items() if m.range}
+    return {name: [m.low, m.high] for name, m in _linears(module).items() if m.fixed}
 
 
 def load_ranges(module: nn.Module, table: dict[str, list[float]]) -> None:
@@ -90,12 +90,12 @@ def calibrating(module: nn.Module, margin: float = MARGIN) -> Iterator[None]:
     """Record input extremes while the body runs (plain dynamic int8), then fix the ranges."""
     linears = _linears(module)
     for m in linears.values():
-        m.range, m.anchor, m.seen = None, None, None
+        m.fixed, m.seen_low, m.seen_high = False, math.inf, -math.inf
     yield
     for name, m in linears.items():
-        if m.seen is None:
+        if m.seen_low > m.seen_high:
             raise RuntimeError(f"calibration never ran {name}: decode at least one token")
-        m.set_range(m.seen[0] * margin, m.seen[1] * margin)
+        m.set_range(m.seen_low * margin, m.seen_high * margin)
 
 
 def cached_ranges(module: nn.Module, path: Path, calibrate: Callable[[], None]) -> None:
