@@ -1,7 +1,5 @@
 """The owned decoder engine and lossless drafting, in fp32 and batch-invariant int8."""
 
-import json
-
 import pytest
 import torch
 
@@ -9,8 +7,8 @@ from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.drafters.model import draft_from_target, save_head_ids
 from audiofast.asr.drafters.ngram import NgramDrafter, build_table
 from audiofast.asr.engine import WhisperDecoderEngine
-from audiofast.asr.fast_runtime import FastWhisper, _ranges_path
-from audiofast.asr.invariant_int8 import load_ranges, ranges
+from audiofast.asr.fast_runtime import FastWhisper
+from audiofast.asr.invariant_int8 import InvariantInt8Linear
 from audiofast.models.ct2_to_hf import whisper_from_ct2
 
 
@@ -83,27 +81,30 @@ def test_domain_table_drafts_unseen_context():
     assert drafter.propose([9, 9, 1, 2]) == [3, 4, 5]
 
 
-def test_int8_verification_is_bit_exact_only_with_fixed_ranges(fast_int8):
+def test_int8_verification_is_bit_exact_only_with_per_row_ranges(fast_int8):
     """Plain dynamic int8 quantizes a row differently when draft rows share its call; with
-    calibrated ranges (and the anchor row) the k-row call equals k one-row calls bit for bit."""
+    per-row ranges (and the anchor row) the k-row call equals k one-row calls bit for bit."""
     tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
     encoded = fast_int8.encode(torch.zeros(80, 3000) - 0.5)
     hf_model, _ = whisper_from_ct2(fast_int8.ct2.resolved.ct2_dir)
     dynamic = WhisperDecoderEngine(hf_model, "int8")
     for engine, exact in ((fast_int8.engine, True), (dynamic, False)):
         engine.set_audio(encoded)
-        together = engine(tokens, 0)[4:]
+        together = engine(tokens, 0, rowwise=True)[4:]
         apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
         assert torch.equal(together, apart) is exact
 
 
-def test_int8_ranges_are_cached_and_checked(fast_int8):
-    path = _ranges_path(fast_int8.ct2.resolved.ct2_dir)
-    table = json.loads(path.read_text())
-    assert table == ranges(fast_int8.engine.step) and len(table) == 6 * 6 + 1  # 6 layers + head
-    assert all(low < 0 < high for low, high in table.values())
-    with pytest.raises(ValueError, match="does not match"):
-        load_ranges(fast_int8.engine.step, {"lm_head": table["lm_head"]})
+def test_per_row_int8_linear_matches_the_float_linear():
+    """The rescaled int8 product equals W x + b up to int8 rounding, rows of any scale."""
+    linear = torch.nn.Linear(64, 32)
+    quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear))
+    per_row = InvariantInt8Linear(quantized[0])
+    x = torch.randn(3, 64) * torch.tensor([[0.01], [1.0], [100.0]]) + torch.tensor([[0], [2], [0]])
+    expected = linear(x)
+    error = (per_row(x) - expected).abs().amax(-1) / expected.abs().amax(-1)
+    assert (error < 0.03).all(), error
+    assert torch.equal(per_row(x[1:2]), per_row(x)[1:2])
 
 
 @pytest.mark.parametrize("clip", ["two_cities", "endgame_nagg_nell", "beckett", "clone-test"])

@@ -3,7 +3,10 @@ drafts verified in one pass (gpt-fast style), or temperature sampling for fallba
 
 Greedy verification is lossless: a drafted token is kept only if it is exactly what greedy
 decoding would have picked at that position under the same rules, so the output equals plain
-greedy token for token; drafts only change how many engine calls it takes.
+greedy token for token; drafts only change how many engine calls it takes. That needs the
+verify call to compute each row exactly as a one-row call would (``rowwise``: per-row int8
+ranges, attention row by row), not merely close: near-ties (timestamps 20 ms apart) flip on
+last-bit differences.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ def greedy_decode(
         out.tokens.append(token)
         draft = drafter.propose(prompt + out.tokens) if drafter else []
         draft = draft[: min(max(0, limit - len(out.tokens)), engine.known_prefix(draft))]
-        rows = engine(torch.tensor([token, *draft]), position)
+        rows = engine(torch.tensor([token, *draft]), position, rowwise=True)
         out.engine_calls += 1
         accepted = 0
         for j, guess in enumerate(draft):  # rows[j] predicts the token after draft[j - 1]

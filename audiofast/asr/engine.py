@@ -95,24 +95,34 @@ class DecoderStep(nn.Module):
         """(n, d) -> (1, heads, n, head_dim)."""
         return x.view(1, x.shape[0], self.n_heads, -1).transpose(1, 2)
 
-    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start: int, rowwise: bool) -> torch.Tensor:
         n = tokens.shape[0]
         end = start + n
         x = self.embed(tokens).to(self.positions.dtype) + self.positions[start:end]
         causal: torch.Tensor | None = None
-        if n > 1:  # query i (position start + i) sees keys 0 .. start + i
+        if n > 1 and not rowwise:  # query i (position start + i) sees keys 0 .. start + i
             causal = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(layer.self_ln(x)).chunk(3, dim=-1)
             self.k_cache[i, :, :, start:end] = self._heads(k)
             self.v_cache[i, :, :, start:end] = self._heads(v)
-            attn = F.scaled_dot_product_attention(
-                self._heads(q), self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end],
-                attn_mask=causal,
-            )
+            q = self._heads(q)
+            if rowwise:  # each row attends exactly as it would if it had been fed alone
+                attn = torch.cat([F.scaled_dot_product_attention(
+                    q[:, :, r : r + 1], self.k_cache[i, :, :, : start + r + 1],
+                    self.v_cache[i, :, :, : start + r + 1]) for r in range(n)], dim=2)
+            else:
+                attn = F.scaled_dot_product_attention(
+                    q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end],
+                    attn_mask=causal)
             x = x + layer.self_out(attn.transpose(1, 2).reshape(n, -1))
             q = self._heads(layer.cross_q(layer.cross_ln(x)))
-            attn = F.scaled_dot_product_attention(q, self.cross_k[i], self.cross_v[i])
+            if rowwise:
+                attn = torch.cat([F.scaled_dot_product_attention(
+                    q[:, :, r : r + 1], self.cross_k[i], self.cross_v[i])
+                    for r in range(n)], dim=2)
+            else:
+                attn = F.scaled_dot_product_attention(q, self.cross_k[i], self.cross_v[i])
             x = x + layer.cross_out(attn.transpose(1, 2).reshape(n, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ffn_ln(x))))
         return self.lm_head(self.final_ln(x)).float()
@@ -133,14 +143,16 @@ class WhisperDecoderEngine(nn.Module):
         self.precision = precision
         self.step = DecoderStep(hf_model, head_ids)
         _cast(self.step, precision)
-        if invariant and precision == "int8":  # ranges come from calibration (invariant_int8)
+        if invariant and precision == "int8":  # per-row activation ranges (invariant_int8)
             make_invariant(self.step, skip=("cross_kv",))  # once per window: same for every row
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self._run: nn.Module = self.step  # the eager step, or its TorchScript compilation
         self._audio: torch.Tensor | None = None
         self.eval()
-        if not invariant or precision != "int8":
-            self.script()
+        # TorchScript is deprecated in favour of torch.compile, but here torch.compile was
+        # slower (it copied the mutated KV cache on every call) and took 40 s to compile.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            self._run = torch.jit.script(self.step)
 
     @property
     def embed(self) -> nn.Embedding:
@@ -149,17 +161,6 @@ class WhisperDecoderEngine(nn.Module):
     @property
     def lm_head(self) -> nn.Module:
         return self.step.lm_head
-
-    def script(self) -> None:
-        """Run the step compiled by TorchScript from now on (int8: after calibration, since
-        the compiled copy keeps the activation ranges it was compiled with).
-
-        TorchScript is deprecated in favour of torch.compile, but measured here torch.compile
-        was slower (it copies the mutated KV cache every call) and took 40 s to compile."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            self._run = torch.jit.script(self.step)
-        self._run.cross_k, self._run.cross_v = self.step.cross_k, self.step.cross_v
 
     def known_prefix(self, tokens: list[int]) -> int:
         """How many leading ``tokens`` this decoder can take (all, unless a vocab diet dropped
@@ -181,12 +182,15 @@ class WhisperDecoderEngine(nn.Module):
             k, v = layer.cross_kv(enc).chunk(2, dim=-1)
             cross_k.append(self.step._heads(k).contiguous())
             cross_v.append(self.step._heads(v).contiguous())
-        for step in {id(self.step): self.step, id(self._run): self._run}.values():
-            step.cross_k, step.cross_v = cross_k, cross_v
+        self._run.cross_k, self._run.cross_v = cross_k, cross_v
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start: int, rowwise: bool = False) -> torch.Tensor:
         """Logits (n, vocab) for ``tokens`` placed at positions start .. start + n - 1.
+
+        ``rowwise`` (draft verification): attention runs one row at a time, since CPU
+        attention kernels round differently for 1 and k query rows; with the int8 linears'
+        per-row ranges every row is then computed exactly as when it is fed alone.
 
         Cache entries past ``start + n`` may hold stale keys from rejected drafts; they are
         never read, because attention only looks at positions < start + n.
@@ -199,7 +203,7 @@ class WhisperDecoderEngine(nn.Module):
             tokens = self.vocab.to_diet[tokens]
             if bool((tokens < 0).any()):
                 raise KeyError("a token outside the diet vocabulary reached the decoder")
-        logits = self._run(tokens, start)
+        logits = self._run(tokens, start, rowwise and n > 1)
         if self.vocab is None:
             return logits
         full = logits.new_full((n, self.vocab.full_size), -torch.inf)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -13,32 +12,12 @@ from audiofast.asr.decoding import Drafter, LogitRules, greedy_decode, sample_de
 from audiofast.asr.drafters.model import ModelDrafter
 from audiofast.asr.drafters.ngram import NgramDrafter
 from audiofast.asr.engine import Precision, WhisperDecoderEngine
-from audiofast.asr.invariant_int8 import cached_ranges
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
 from audiofast.asr.types import Transcription
 from audiofast.audio import AudioSource, load_audio
 from audiofast.models.ct2_to_hf import whisper_from_ct2
-from audiofast.models.packaged import cache_dir
-
-
-def calibration_speech() -> np.ndarray:
-    """~50 s of domain sentences (training split, never the eval set) read by two voices."""
-    from audiofast.asr.distill import group_sentences, speak, split_corpus
-    from audiofast.eval.datasets import domain_corpus
-
-    train, _ = split_corpus(domain_corpus())
-    groups = group_sentences(train)
-    return np.concatenate([speak(groups[0], "flite:slt"), speak(groups[1], "flite:awb")])
-
-
-def _ranges_path(ct2_dir: Path) -> Path:
-    """Where a model's int8 range table is cached: keyed by the folder and its weights file."""
-    weights = (ct2_dir / "model.bin").stat()
-    key = f"{ct2_dir.resolve()}:{weights.st_size}:{weights.st_mtime_ns}"
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    return cache_dir() / "int8_ranges" / f"{ct2_dir.name}-{digest}.json"
 
 
 class FastWhisper:
@@ -58,7 +37,7 @@ class FastWhisper:
                 self.ct2.resolved.ct2_dir / "hf")
         else:
             hf_model, _ = whisper_from_ct2(self.ct2.resolved.ct2_dir)
-        # int8 with fixed activation ranges, so a drafted row decodes exactly as it would alone
+        # int8 with per-row activation ranges: a drafted row decodes exactly as it would alone
         self.engine = WhisperDecoderEngine(hf_model, precision, self.ct2.vocab, invariant=True)
         del hf_model
         self.drafter_name = drafter
@@ -66,18 +45,6 @@ class FastWhisper:
         self._model_drafter: ModelDrafter | None = None
         self.generator = torch.Generator().manual_seed(seed)
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
-        if precision == "int8":
-            cached_ranges(self.engine.step, _ranges_path(self.ct2.resolved.ct2_dir),
-                          self._calibrate)
-            self.engine.script()
-
-    def _calibrate(self) -> None:
-        """Decode calibration speech (plain greedy) while the engine records its int8 ranges."""
-        drafter, self.drafter_name = self.drafter_name, "none"
-        try:
-            self.transcribe(calibration_speech(), DecodingOptions(language="en"), progress=False)
-        finally:
-            self.drafter_name = drafter
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_name == "none":
