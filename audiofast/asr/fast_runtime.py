@@ -43,7 +43,8 @@ class FastWhisper:
         self.drafter_name = drafter
         self.draft_model = draft_model
         self._model_drafter: ModelDrafter | None = None
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generator = torch.Generator()
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
 
     def make_drafter(self) -> Drafter | None:
@@ -109,4 +110,5 @@ class FastWhisper:
 
     def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
                    progress: bool | None = None) -> Transcription:
+        self.generator.manual_seed(self.seed)  # same audio, same fallback samples, same text
         return transcribe_audio(self, load_audio(audio), options, progress)

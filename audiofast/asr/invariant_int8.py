@@ -12,10 +12,11 @@ its *own* range, as if it had been decoded alone:
 
 Every row of ``u`` spans [0, 1]; one appended *anchor* row holding 0 and 1 pins the kernel's
 range there whatever the other rows hold, so the integer arithmetic of a row is the same in a
-k-row verify call as alone. ``W 1`` (the row sums of the int8 weights) is computed once; lo
-and span sit on a coarse grid (:func:`_grid`). The extra row is nearly free: a verify call is
-bound by reading the weights, not by rows. Attention, the step's other cross-row operation,
-is made row-exact by the engine (``rowwise``).
+k-row verify call as alone. ``W 1`` (the row sums of the int8 weights) is computed once. The
+extra row is nearly free: a verify call is bound by reading the weights, not by rows.
+Attention, the step's other cross-row operation, is made row-exact by the engine
+(``rowwise``), so a row's range, and everything else about it, is computed bit for bit as if
+it had been fed alone.
 """
 
 import warnings
@@ -40,20 +41,11 @@ class InvariantInt8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         low, high = torch.aminmax(x, dim=-1, keepdim=True)
-        low = -_grid(-low)
-        span = (_grid(high) - low).clamp(min=1e-12)
+        low = low.clamp(max=0.0)
+        span = (high.clamp(min=0.0) - low).clamp(min=1e-12)
         unit = torch.cat([(x - low) / span, self.anchor])
         y = self.qlinear(unit)[:-1]
         return torch.addcmul(torch.addcmul(self.bias, low, self.rowsum), y, span)
-
-
-def _grid(v: torch.Tensor) -> torch.Tensor:
-    """Round ``v`` (clamped to >= 0) up to the grid 2^(k/4): attention kernels may differ in
-    the last bits between a 1-row and a k-row call, and a range that moved with those bits
-    would pass the difference on to every output; a range on the grid almost never moves
-    (only if the extreme sits within an ulp of a grid point), costing at most 19 % of the
-    resolution of an exact per-row range."""
-    return torch.exp2(torch.ceil(torch.log2(v.clamp(min=0.0)) * 4.0) / 4.0)
 
 
 def make_invariant(module: nn.Module, skip: tuple[str, ...] = ()) -> list[str]:
