@@ -36,12 +36,25 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
-    p.add_argument("--window-pad", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--window-pad", type=_window_pad, default=10.0, metavar="SECONDS|off",
                    help="encode a window shorter than 30 s as its audio + SECONDS of silence "
-                   "(faster; a window whose greedy decode fails is redone at 30 s)")
+                   "(default 10: passed the judge's gate vs 30 s windows; a window whose "
+                   "greedy decode fails is redone at 30 s); off: always 30 s, as Whisper")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: for files over a minute)")
     p.set_defaults(run=_run_transcribe)
+
+
+def _window_pad(value: str) -> float | None:
+    if value == "off":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want seconds >= 0 or 'off', not {value!r}") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 seconds (or 'off')")
+    return seconds
 
 
 def _run_transcribe(args: argparse.Namespace) -> int:
@@ -57,8 +70,6 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
         window_pad=args.window_pad,
     )
-    if args.window_pad is not None and args.window_pad < 0:
-        raise SystemExit("audiofast: error: --window-pad must be >= 0 seconds")
     if args.engine == "fast":
         from audiofast.asr.fast_runtime import FastWhisper
 

@@ -89,6 +89,9 @@ def test_cli_unknown_model_and_format_guard(clips):
     assert "unknown model 'whisper-huge'" in run.stderr and "whisper-base" in run.stderr
     run = _cli("transcribe", str(clips["beckett"].audio), "--format", "all")
     assert run.returncode != 0 and "--format all needs --output-dir" in run.stderr
+    for bad in ("-1", "ten"):
+        run = _cli("transcribe", str(clips["beckett"].audio), "--window-pad", bad)
+        assert run.returncode == 2 and "--window-pad" in run.stderr, run.stderr
 
 
 def test_cli_samples_and_models():

@@ -21,6 +21,7 @@ from audiofast.eval.roundtrip import (
     compare,
     corpus_wer,
     pack,
+    parse_asr_spec,
     score,
 )
 from audiofast.eval.tts import Voice, synthesize
@@ -131,6 +132,16 @@ def test_packing_and_segment_assignment():
     assert len(packs[0].audio) == int((1.5 + 3 + 1.5 + 4 + 1.5) * 16000)
     segments = [(1.4, 4.6, " one"), (5.9, 8.0, " two"), (8.0, 10.2, " three")]
     assert assign(segments, packs[0].members) == [" one", " two three"]
+
+
+def test_asr_spec_names_engine_precision_and_window_pad():
+    assert parse_asr_spec("whisper-base") == ("ct2", "whisper-base", "int8", None)
+    assert parse_asr_spec("fast:whisper-base@fp32+pad10") == ("fast", "whisper-base", "fp32", 10)
+    assert parse_asr_spec("runs/m@float32+pad2.5") == ("ct2", "runs/m", "float32", 2.5)
+    with pytest.raises(ValueError, match="unknown engine"):
+        parse_asr_spec("tpu:whisper-base")
+    with pytest.raises(ValueError, match="bad \\+pad"):
+        parse_asr_spec("whisper-base+padX")
 
 
 def test_roundtrip_scores_and_caches(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import jiwer
 import numpy as np
@@ -70,20 +70,45 @@ def bootstrap_delta(
 JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
 
 
+def parse_asr_spec(spec: str) -> tuple[str, str, str, float | None]:
+    """``[fast:]MODEL[@COMPUTE][+padN]`` -> (engine, model, compute type, window pad).
+
+    ``fast:`` decodes on the owned engine (compute type = its precision); ``+padN`` encodes
+    short windows as audio + N s instead of 30 s. So the judge can gate decoding
+    configurations, not only weights: ``--model fast:whisper-base+pad10``."""
+    engine, _, rest = spec.rpartition(":")
+    if engine not in ("", "fast"):
+        raise ValueError(f"unknown engine {engine!r} in ASR spec {spec!r} (only 'fast:')")
+    rest, _, pad = rest.partition("+pad")
+    model, _, compute_type = rest.partition("@")
+    try:
+        window_pad = float(pad) if pad else None
+    except ValueError:
+        raise ValueError(f"bad +pad in ASR spec {spec!r}: want e.g. +pad10") from None
+    return engine or "ct2", model, compute_type or "int8", window_pad
+
+
 class CachedASR:
-    """Memoise transcripts by (model identity, audio bytes), so an unchanged baseline costs
-    nothing on the next gate call of a sweep."""
+    """Memoise transcripts by (model identity, decoding configuration, audio bytes), so an
+    unchanged baseline costs nothing on the next gate call of a sweep."""
 
     def __init__(self, spec: str, threads: int = 0):
         from audiofast.asr.ct2_runtime import CT2Whisper
 
-        model, _, compute_type = spec.partition("@")
+        engine, model, compute_type, window_pad = parse_asr_spec(spec)
         self.spec = spec
-        self.asr = CT2Whisper(model, threads=threads, compute_type=compute_type or "int8")
-        weights = self.asr.resolved.ct2_dir / "model.bin"
+        self.options = replace(JUDGE_OPTIONS, window_pad=window_pad)
+        if engine == "fast":
+            from audiofast.asr.fast_runtime import FastWhisper
+
+            self.asr = FastWhisper(model, threads=threads, precision=compute_type)
+            weights = self.asr.ct2.resolved.ct2_dir / "model.bin"
+        else:
+            self.asr = CT2Whisper(model, threads=threads, compute_type=compute_type)
+            weights = self.asr.resolved.ct2_dir / "model.bin"
         stat = weights.stat()
-        identity = (f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{compute_type}:"
-                    f"{JUDGE_OPTIONS}")
+        identity = (f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{engine}:"
+                    f"{compute_type}:{self.options}")
         digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
         self.cache = cache_dir() / "transcripts" / digest
 
@@ -93,7 +118,7 @@ class CachedASR:
         path = self.cache / f"{key}.json"
         if path.is_file():
             return [tuple(s) for s in json.loads(path.read_text())["segments"]]
-        result = self.asr.transcribe(audio, JUDGE_OPTIONS, progress=False)
+        result = self.asr.transcribe(audio, self.options, progress=False)
         segments = [(s.start, s.end, s.text) for s in result.segments]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
