@@ -73,7 +73,7 @@ class CT2Whisper:
                                                      self.default_suppress_ids)
         if self.vocab is not None:
             prompt = self.vocab.map_ids(self.vocab.encode(prompt))
-            suppress = [int(self.vocab.to_diet[i]) for i in suppress if self.vocab.to_diet[i] >= 0]
+            suppress = self.vocab.map_kept(suppress)
         result = self.model.generate(
             encoded, [prompt], length_penalty=options.length_penalty,
             max_length=len(prompt) + options.max_new_tokens,

@@ -150,6 +150,15 @@ def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
     return student.eval()
 
 
+def domain_tokens(runtime: CT2Whisper, sentences: list[str], keep: int,
+                  full_size: int) -> list[int]:
+    """The ``keep`` ids a Whisper diet keeps for ``sentences``: specials, timestamps, byte
+    tokens, then the most frequent (for the diet model and for a drafter's cut head)."""
+    always = whisper_always_kept(runtime.resolved.ct2_dir / "tokenizer.json",
+                                 runtime.tokenizer.eot, full_size)
+    return select_tokens(sentences, runtime.tokenizer.encode, keep, full_size, always)
+
+
 def model_name(runtime: CT2Whisper) -> str:
     """A file-name-safe name for the model (packaged models live in folders named 'model')."""
     resolved = runtime.resolved
@@ -180,9 +189,7 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
     sentences, _ = split_corpus(domain_corpus())
     teacher, _ = whisper_from_ct2(source)
     full_size = teacher.config.vocab_size
-    always = whisper_always_kept(source / "tokenizer.json", tok.eot, full_size)
-    vocab = DietVocab(select_tokens(sentences, tok.encode, recipe.keep, full_size, always),
-                      full_size)
+    vocab = DietVocab(domain_tokens(teacher_rt, sentences, recipe.keep, full_size), full_size)
     vocab.attach_tokenizer(source / "tokenizer.json")
     name = f"{model_name(teacher_rt)}-diet{recipe.keep}"
     examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
@@ -254,10 +261,8 @@ def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     draft.save_pretrained(staging)  # then renamed: a kill never leaves half a model at out
-    always = whisper_always_kept(source / "tokenizer.json", teacher_rt.tokenizer.eot,
-                                 draft.config.vocab_size)
-    save_head_ids(staging, select_tokens(sentences, teacher_rt.tokenizer.encode,
-                                         recipe.head_keep, draft.config.vocab_size, always))
+    save_head_ids(staging, domain_tokens(teacher_rt, sentences, recipe.head_keep,
+                                         draft.config.vocab_size))
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)

@@ -96,6 +96,19 @@ class DecoderStep(nn.Module):
         """(n, d) -> (1, heads, n, head_dim)."""
         return x.view(1, x.shape[0], self.n_heads, -1).transpose(1, 2)
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None, start: int, rowwise: bool) -> torch.Tensor:
+        """Attention; ``rowwise``: one query row at a time, each exactly as if fed alone (row r
+        sees keys up to ``start + r`` when ``start >= 0``, every key otherwise)."""
+        if not rowwise:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        rows = []
+        for r in range(q.shape[2]):
+            keys = k.shape[2] if start < 0 else start + r + 1
+            rows.append(F.scaled_dot_product_attention(
+                q[:, :, r : r + 1], k[:, :, :keys], v[:, :, :keys]))
+        return torch.cat(rows, dim=2)
+
     def forward(self, tokens: torch.Tensor, start: int, rowwise: bool) -> torch.Tensor:
         n = tokens.shape[0]
         end = start + n
@@ -107,23 +120,11 @@ class DecoderStep(nn.Module):
             q, k, v = layer.qkv(layer.self_ln(x)).chunk(3, dim=-1)
             self.k_cache[i, :, :, start:end] = self._heads(k)
             self.v_cache[i, :, :, start:end] = self._heads(v)
-            q = self._heads(q)
-            if rowwise:  # each row attends exactly as it would if it had been fed alone
-                attn = torch.cat([F.scaled_dot_product_attention(
-                    q[:, :, r : r + 1], self.k_cache[i, :, :, : start + r + 1],
-                    self.v_cache[i, :, :, : start + r + 1]) for r in range(n)], dim=2)
-            else:
-                attn = F.scaled_dot_product_attention(
-                    q, self.k_cache[i, :, :, :end], self.v_cache[i, :, :, :end],
-                    attn_mask=causal)
+            attn = self._attend(self._heads(q), self.k_cache[i, :, :, :end],
+                                self.v_cache[i, :, :, :end], causal, start, rowwise)
             x = x + layer.self_out(attn.transpose(1, 2).reshape(n, -1))
             q = self._heads(layer.cross_q(layer.cross_ln(x)))
-            if rowwise:
-                attn = torch.cat([F.scaled_dot_product_attention(
-                    q[:, :, r : r + 1], self.cross_k[i], self.cross_v[i])
-                    for r in range(n)], dim=2)
-            else:
-                attn = F.scaled_dot_product_attention(q, self.cross_k[i], self.cross_v[i])
+            attn = self._attend(q, self.cross_k[i], self.cross_v[i], None, -1, rowwise)
             x = x + layer.cross_out(attn.transpose(1, 2).reshape(n, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ffn_ln(x))))
         return self.lm_head(self.final_ln(x)).float()
@@ -134,9 +135,9 @@ class WhisperDecoderEngine(nn.Module):
 
     def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None,
                  invariant: bool = False, head_ids: torch.Tensor | None = None):
+        """``head_ids``: a drafter's cut head - logits only for these ids, in their order."""
         super().__init__()
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
-        self.head_ids = head_ids  # a drafter's cut head: logits only for these ids, in order
         cfg = hf_model.config
         self.n_heads = cfg.decoder_attention_heads
         self.d_model = cfg.d_model

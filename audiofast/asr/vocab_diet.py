@@ -83,6 +83,11 @@ class DietVocab:
             out.append(j)
         return out
 
+    def map_kept(self, ids: Iterable[int]) -> list[int]:
+        """Original ids -> diet ids, leaving out the ids the diet dropped (suppress lists)."""
+        return [int(self.to_diet[i]) for i in ids if 0 <= i < self.full_size
+                and self.to_diet[i] >= 0]
+
     def unmap_ids(self, ids: Iterable[int]) -> list[int]:
         return [self.kept[i] for i in ids]
 
@@ -177,28 +182,26 @@ def whisper_always_kept(tokenizer_json: str | Path, eot: int, full_size: int) ->
     return sorted({i for t, i in vocab.items() if t in alphabet} | set(range(eot, full_size)))
 
 
-def _remap(value, to_diet: torch.Tensor):
+def _remap(value, vocab: DietVocab):
     """Original ids inside a config value (int, list, dict of ids) -> diet ids."""
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        return int(to_diet[value]) if 0 <= value < len(to_diet) and to_diet[value] >= 0 else value
+        return next(iter(vocab.map_kept([value])), value)
     if isinstance(value, list | tuple):
-        mapped = [int(to_diet[v]) for v in value if isinstance(v, int) and 0 <= v < len(to_diet)
-                  and to_diet[v] >= 0]
-        return type(value)(mapped)
+        return type(value)(vocab.map_kept(v for v in value if isinstance(v, int)))
     if isinstance(value, dict):
-        return {k: _remap(v, to_diet) for k, v in value.items()}
+        return {k: _remap(v, vocab) for k, v in value.items()}
     return value
 
 
 _ID_FIELDS = ("suppress_tokens", "begin_suppress_tokens", "lang_to_id", "task_to_id")
 
 
-def _remap_config(config, to_diet: torch.Tensor) -> None:
+def _remap_config(config, vocab: DietVocab) -> None:
     for name in list(vars(config)):
         if name.endswith("_token_id") or name.endswith("_token_ids") or name in _ID_FIELDS:
-            setattr(config, name, _remap(getattr(config, name), to_diet))
+            setattr(config, name, _remap(getattr(config, name), vocab))
 
 
 def slice_vocab(model: nn.Module, vocab: DietVocab) -> nn.Module:
@@ -227,7 +230,7 @@ def slice_vocab(model: nn.Module, vocab: DietVocab) -> nn.Module:
     if getattr(model, "generation_config", None) is not None:
         configs.append(model.generation_config)
     for config in {id(c): c for c in configs}.values():
-        _remap_config(config, vocab.to_diet)
+        _remap_config(config, vocab)
         if hasattr(config, "vocab_size"):
             config.vocab_size = len(idx)
     return model

@@ -102,10 +102,11 @@ class CachedASR:
             from audiofast.asr.fast_runtime import FastWhisper
 
             self.asr = FastWhisper(model, threads=threads, precision=compute_type)
-            weights = self.asr.ct2.resolved.ct2_dir / "model.bin"
+            resolved = self.asr.ct2.resolved
         else:
             self.asr = CT2Whisper(model, threads=threads, compute_type=compute_type)
-            weights = self.asr.resolved.ct2_dir / "model.bin"
+            resolved = self.asr.resolved
+        weights = resolved.ct2_dir / "model.bin"
         stat = weights.stat()
         identity = (f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{engine}:"
                     f"{compute_type}:{self.options}")

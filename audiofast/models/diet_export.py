@@ -63,8 +63,7 @@ def export_diet_whisper(student, vocab: DietVocab, source_dir: str | Path, out_d
             original = json.loads(source_config.read_text())
             for key in ("suppress_ids", "suppress_ids_begin"):
                 if key in original:
-                    config[key] = [int(vocab.to_diet[i]) for i in original[key]
-                                   if vocab.to_diet[i] >= 0]
+                    config[key] = vocab.map_kept(original[key])
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         if out_dir.exists():
             shutil.rmtree(out_dir)
