@@ -40,9 +40,30 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="encode a window shorter than 30 s as its audio + SECONDS of silence "
                    "(default 10: passed the judge's gate vs 30 s windows; a window whose "
                    "greedy decode fails is redone at 30 s); off: always 30 s, as Whisper")
+    p.add_argument("--batch-size", type=_count, default=0, metavar="N",
+                   help="N > 0: cut the file at pauses into independent chunks and decode N "
+                   "at a time (CTranslate2 engine); 0 (default): Whisper's sequential windows")
+    p.add_argument("--chunk-length", type=_chunk_seconds, default=25.0, metavar="SECONDS",
+                   help="with --batch-size: longest chunk, at most 30 (default 25)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: for files over a minute)")
     p.set_defaults(run=_run_transcribe)
+
+
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"want a whole number >= 0, not {value!r}")
+    return int(value)
+
+
+def _chunk_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want seconds, not {value!r}") from None
+    if not 0 < seconds <= 30:
+        raise argparse.ArgumentTypeError("must be in (0, 30] seconds (Whisper's window)")
+    return seconds
 
 
 def _window_pad(value: str) -> float | None:
@@ -64,11 +85,14 @@ def _run_transcribe(args: argparse.Namespace) -> int:
 
     if args.format == "all" and args.output_dir is None:
         raise SystemExit("audiofast: error: --format all needs --output-dir")
+    if args.engine == "fast" and args.batch_size:
+        raise SystemExit("audiofast: error: --batch-size needs --engine ct2 "
+                         "(the fast engine decodes one sequence at a time)")
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
     options = DecodingOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
-        window_pad=args.window_pad,
+        window_pad=args.window_pad, batch_size=args.batch_size, chunk_length=args.chunk_length,
     )
     if args.engine == "fast":
         from audiofast.asr.fast_runtime import FastWhisper

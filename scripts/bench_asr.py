@@ -16,12 +16,14 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.fast_runtime import FastWhisper
 from audiofast.asr.options import DecodingOptions
 from audiofast.eval.datasets import EvalClip, real_speech_clips
+from audiofast.eval.roundtrip import parse_asr_spec
 from audiofast.eval.wer import wer
 
 # audio path -> text, generated tokens, and whatever timings the engine reports
@@ -30,8 +32,10 @@ Engine = Callable[[Path], dict]
 
 def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
                      window_pad: float | None = None, language: str | None = None,
-                     draft_model: Path | None = None, diet_model: Path | None = None) -> Engine:
-    """The CTranslate2 runtime, or with ``fast`` the owned engine: ``PRECISION`` then any of
+                     draft_model: Path | None = None, diet_model: Path | None = None,
+                     ct2: str | None = None) -> Engine:
+    """The CTranslate2 runtime (``ct2``: option overrides as the judge spells them, e.g.
+    ``pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION`` then any of
     ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of the model),
     ``+padN`` (short windows encoded as audio + N s)."""
     if fast:
@@ -44,6 +48,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     else:
         runtime = CT2Whisper(model, threads=threads)
     options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
+    if ct2:
+        options = replace(options, **parse_asr_spec(f"{model}+{ct2}")[3])
 
     def run(path: Path) -> dict:
         before = dict(getattr(runtime, "stats", {}))
@@ -61,16 +67,24 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
 
 
 def faster_whisper_engine(model: str, threads: int, beam_size: int,
-                          language: str | None = None) -> Engine:
-    from faster_whisper import WhisperModel
+                          language: str | None = None, batch_size: int = 0) -> Engine:
+    """faster-whisper's ``transcribe``, or with ``batch_size`` its BatchedInferencePipeline
+    (silero VAD chunks, no timestamps, decoded ``batch_size`` at a time)."""
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from audiofast.models import resolve_model
 
     fw = WhisperModel(str(resolve_model(model).ct2_dir), device="cpu", compute_type="int8",
                       cpu_threads=threads)
 
+    batched = BatchedInferencePipeline(fw) if batch_size else None
+
     def run(path: Path) -> dict:
-        segments, _ = fw.transcribe(str(path), beam_size=beam_size, language=language)
+        if batched is not None:
+            segments, _ = batched.transcribe(str(path), beam_size=beam_size, language=language,
+                                             batch_size=batch_size)
+        else:
+            segments, _ = fw.transcribe(str(path), beam_size=beam_size, language=language)
         segments = list(segments)  # the generator does the work
         return {"text": "".join(s.text for s in segments).strip(),
                 "tokens": sum(len(s.tokens) for s in segments)}
@@ -166,6 +180,11 @@ def main() -> None:
     parser.add_argument("--language", default=None, help="given to every engine (default: detect)")
     parser.add_argument("--window-pad", nargs="*", type=float, default=[],
                         help="extra audiofast-ct2 rows encoding short windows as audio + PAD s")
+    parser.add_argument("--ct2", nargs="*", default=[],
+                        help="extra audiofast-ct2 rows with option overrides, e.g. "
+                        "pad5+batch8+chunk25 (batched chunks)")
+    parser.add_argument("--fw-batch", type=int, default=0,
+                        help="add a faster-whisper BatchedInferencePipeline row, batch size N")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
@@ -184,13 +203,20 @@ def main() -> None:
             **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(
                 model, args.threads, args.beam_size, window_pad=p, language=args.language)
                for p in args.window_pad},
+            **{f"audiofast-ct2-{spec}/{model}": audiofast_engine(
+                model, args.threads, args.beam_size, language=args.language, ct2=spec)
+               for spec in args.ct2},
         }
+        if args.fw_batch:
+            engines[f"faster-whisper-batch{args.fw_batch}/{model}"] = faster_whisper_engine(
+                model, args.threads, args.beam_size, args.language, args.fw_batch)
         results += bench(engines, clips, args.runs)
     print_table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
             "beam_size": args.beam_size, "runs": args.runs, "statistic": "median",
-            "language": args.language, "window_pad": args.window_pad}
+            "language": args.language, "window_pad": args.window_pad, "ct2": args.ct2,
+            "fw_batch": args.fw_batch}
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

@@ -89,9 +89,24 @@ def test_cli_unknown_model_and_format_guard(clips):
     assert "unknown model 'whisper-huge'" in run.stderr and "whisper-base" in run.stderr
     run = _cli("transcribe", str(clips["beckett"].audio), "--format", "all")
     assert run.returncode != 0 and "--format all needs --output-dir" in run.stderr
-    for bad in ("-1", "ten"):
-        run = _cli("transcribe", str(clips["beckett"].audio), "--window-pad", bad)
-        assert run.returncode == 2 and "--window-pad" in run.stderr, run.stderr
+    for flag, bad in [("--window-pad", "-1"), ("--window-pad", "ten"), ("--batch-size", "-1"),
+                      ("--chunk-length", "40"), ("--chunk-length", "0")]:
+        run = _cli("transcribe", str(clips["beckett"].audio), flag, bad)
+        assert run.returncode == 2 and flag in run.stderr, run.stderr
+    run = _cli("transcribe", str(clips["beckett"].audio), "--engine", "fast", "--batch-size", "2")
+    assert run.returncode != 0 and "--batch-size needs --engine ct2" in run.stderr
+
+
+def test_cli_batched_chunks(tmp_path, clips):
+    clip = clips["beckett"]  # 10 s in chunks of at most 8 s cut in the last 5 s: two
+    run = _cli("transcribe", str(clip.audio), "--batch-size", "4", "--chunk-length", "8",
+               "--window-pad", "10", "--language", "en", "--threads", "2", "--format", "json",
+               "--output-dir", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    data = json.loads((tmp_path / "beckett.json").read_text())
+    assert data["stats"]["chunks"] == 2 and data["stats"]["windows"] >= 2
+    assert wer(clip.reference, data["text"]) <= 0.1, data["text"]
+    assert all(s["start"] < s["end"] <= 10.0 for s in data["segments"])
 
 
 def test_cli_samples_and_models():

@@ -135,9 +135,13 @@ def test_packing_and_segment_assignment():
 
 
 def test_asr_spec_names_engine_precision_and_window_pad():
-    assert parse_asr_spec("whisper-base") == ("ct2", "whisper-base", "int8", None)
-    assert parse_asr_spec("fast:whisper-base@fp32+pad10") == ("fast", "whisper-base", "fp32", 10)
-    assert parse_asr_spec("runs/m@float32+pad2.5") == ("ct2", "runs/m", "float32", 2.5)
+    assert parse_asr_spec("whisper-base") == ("ct2", "whisper-base", "int8", {})
+    assert parse_asr_spec("fast:whisper-base@fp32+pad10") == (
+        "fast", "whisper-base", "fp32", {"window_pad": 10})
+    assert parse_asr_spec("runs/m@float32+pad2.5") == (
+        "ct2", "runs/m", "float32", {"window_pad": 2.5})
+    assert parse_asr_spec("whisper-base+pad5+batch8+chunk20") == (
+        "ct2", "whisper-base", "int8", {"window_pad": 5, "batch_size": 8, "chunk_length": 20})
     with pytest.raises(ValueError, match="unknown engine"):
         parse_asr_spec("tpu:whisper-base")
     with pytest.raises(ValueError, match="bad \\+pad"):

@@ -8,6 +8,7 @@ import ctranslate2
 import numpy as np
 import torch
 
+from audiofast.asr.batched import transcribe_batched
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
@@ -45,8 +46,12 @@ class CT2Whisper:
 
     def encode(self, mel_window: torch.Tensor) -> ctranslate2.StorageView:
         """Encode a (n_mels, frames) window; frames is 3000 unless the caller trims padding."""
-        features = mel_window[None].contiguous().numpy()
-        return self.model.encode(ctranslate2.StorageView.from_array(features))
+        return self.encode_batch(mel_window[None])
+
+    def encode_batch(self, mel_windows: torch.Tensor) -> ctranslate2.StorageView:
+        """Encode (batch, n_mels, frames) windows of one length in one call."""
+        return self.model.encode(ctranslate2.StorageView.from_array(
+            mel_windows.contiguous().numpy()))
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:
         if self.vocab is None:
@@ -64,6 +69,16 @@ class CT2Whisper:
         options: DecodingOptions,
         temperature: float,
     ) -> WindowResult:
+        return self.decode_batch(encoded, [prompt], options, temperature)[0]
+
+    def decode_batch(
+        self,
+        encoded: ctranslate2.StorageView,
+        prompts: list[list[int]],
+        options: DecodingOptions,
+        temperature: float = 0.0,
+    ) -> list[WindowResult]:
+        """Decode every encoded window with its prompt; one generate call shares the steps."""
         if temperature > 0:
             search = dict(beam_size=1, num_hypotheses=options.best_of, sampling_topk=0,
                           sampling_temperature=temperature)
@@ -72,24 +87,27 @@ class CT2Whisper:
         suppress = self.tokenizer.suppressed_tokens(options.suppress_tokens,
                                                      self.default_suppress_ids)
         if self.vocab is not None:
-            prompt = self.vocab.map_ids(self.vocab.encode(prompt))
+            prompts = [self.vocab.map_ids(self.vocab.encode(prompt)) for prompt in prompts]
             suppress = self.vocab.map_kept(suppress)
-        result = self.model.generate(
-            encoded, [prompt], length_penalty=options.length_penalty,
-            max_length=len(prompt) + options.max_new_tokens,
+        results = self.model.generate(
+            encoded, prompts, length_penalty=options.length_penalty,
+            max_length=max(map(len, prompts)) + options.max_new_tokens,
             return_scores=True, return_no_speech_prob=True,
             suppress_blank=options.suppress_blank, suppress_tokens=suppress,
             max_initial_timestamp_index=round(options.max_initial_timestamp / TIME_PER_TIMESTAMP),
             **search,
-        )[0]
-        best = int(np.argmax(result.scores)) if temperature > 0 else 0
-        tokens = result.sequences_ids[best]
-        if self.vocab is not None:
-            tokens = self.vocab.unmap_ids(tokens)
-        # CT2 scores are sum(logprob) / len**length_penalty; Whisper averages over len + 1
-        # (the end-of-text token counts).
-        total = result.scores[best] * len(tokens) ** options.length_penalty
-        return WindowResult(tokens, total / (len(tokens) + 1), result.no_speech_prob)
+        )
+        windows = []
+        for result in results:
+            best = int(np.argmax(result.scores)) if temperature > 0 else 0
+            tokens = result.sequences_ids[best]
+            if self.vocab is not None:
+                tokens = self.vocab.unmap_ids(tokens)
+            # CT2 scores are sum(logprob) / len**length_penalty; Whisper averages over len + 1
+            # (the end-of-text token counts).
+            total = result.scores[best] * len(tokens) ** options.length_penalty
+            windows.append(WindowResult(tokens, total / (len(tokens) + 1), result.no_speech_prob))
+        return windows
 
     def transcribe(
         self,
@@ -97,4 +115,6 @@ class CT2Whisper:
         options: DecodingOptions = DecodingOptions(),
         progress: bool | None = None,
     ) -> Transcription:
+        if options.batch_size:
+            return transcribe_batched(self, load_audio(audio), options, progress)
         return transcribe_audio(self, load_audio(audio), options, progress)

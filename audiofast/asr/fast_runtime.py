@@ -110,5 +110,8 @@ class FastWhisper:
 
     def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
                    progress: bool | None = None) -> Transcription:
+        if options.batch_size:
+            raise ValueError("the fast engine decodes one sequence at a time: use batch size 0 "
+                             "(--batch-size 0), or --engine ct2 for batched chunks")
         self.generator.manual_seed(self.seed)  # same audio, same fallback samples, same text
         return transcribe_audio(self, load_audio(audio), options, progress)

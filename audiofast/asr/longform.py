@@ -59,6 +59,23 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
+def passes_checks(result: WindowResult, options: DecodingOptions) -> bool:
+    """Whisper's fallback test: the text is neither repetitive nor unsure, or it is silence."""
+    too_repetitive = (
+        options.compression_ratio_threshold is not None
+        and result.compression_ratio > options.compression_ratio_threshold
+    )
+    too_unsure = (
+        options.log_prob_threshold is not None and result.avg_logprob < options.log_prob_threshold
+    )
+    is_silence = (
+        options.no_speech_threshold is not None
+        and result.no_speech_prob > options.no_speech_threshold
+        and too_unsure
+    )
+    return is_silence or not (too_repetitive or too_unsure)
+
+
 def decode_with_fallback(
     runtime: WindowDecoder, encoded: Any, prompt: list[int], options: DecodingOptions
 ) -> WindowResult:
@@ -68,20 +85,7 @@ def decode_with_fallback(
         result = runtime.decode(encoded, prompt, options, temperature)
         result.temperature = temperature
         result.compression_ratio = compression_ratio(runtime.tokenizer.decode(result.tokens))
-        too_repetitive = (
-            options.compression_ratio_threshold is not None
-            and result.compression_ratio > options.compression_ratio_threshold
-        )
-        too_unsure = (
-            options.log_prob_threshold is not None
-            and result.avg_logprob < options.log_prob_threshold
-        )
-        is_silence = (
-            options.no_speech_threshold is not None
-            and result.no_speech_prob > options.no_speech_threshold
-            and too_unsure
-        )
-        if is_silence or not (too_repetitive or too_unsure):
+        if passes_checks(result, options):
             break
     assert result is not None, "options.temperatures must not be empty"
     return result
@@ -125,6 +129,41 @@ def encoder_frames(window_frames: int, pad: float | None, bucket_s: float = 2.0)
     return min(N_FRAMES, math.ceil(seconds / bucket_s) * round(bucket_s * FRAMES_PER_SECOND))
 
 
+def accept_window(
+    result: WindowResult, tok: WhisperTokenizer, seek: int, window_frames: int, duration: float,
+    options: DecodingOptions, history: list[int], segments: list[Segment],
+) -> int:
+    """Append a decoded window's segments (and their tokens to ``history``, the next window's
+    prompt); return the mel frames it consumed (a cut-off tail is decoded again)."""
+    is_silence = (
+        options.no_speech_threshold is not None
+        and result.no_speech_prob > options.no_speech_threshold
+        and not (
+            options.log_prob_threshold is not None
+            and result.avg_logprob > options.log_prob_threshold
+        )
+    )
+    if is_silence:
+        return window_frames
+    pieces, consumed = split_segments(result.tokens, tok, seek / FRAMES_PER_SECOND, window_frames)
+    for start, end, piece in pieces:
+        text = tok.decode(piece)
+        history += piece  # only what was consumed
+        if not text.strip() or end <= start or start >= duration:
+            continue  # empty, zero-length, or timestamped past the end of the audio
+        segments.append(
+            Segment(
+                id=len(segments), seek=seek, start=round(start, 3),
+                end=round(min(end, duration), 3), text=text, tokens=piece,
+                avg_logprob=result.avg_logprob, compression_ratio=result.compression_ratio,
+                no_speech_prob=result.no_speech_prob, temperature=result.temperature,
+            )
+        )
+    if result.temperature > 0.5:  # a hot (unsure) window is a poor prompt for the next one
+        history.clear()
+    return consumed
+
+
 def transcribe_audio(
     runtime: WindowDecoder,
     audio: np.ndarray,
@@ -151,7 +190,6 @@ def transcribe_audio(
     bar = tqdm(total=round(duration, 2), unit="s", desc="transcribing", disable=not show_progress)
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
-        time_offset = seek / FRAMES_PER_SECOND
         input_frames = encoder_frames(window_frames, options.window_pad)
         if language is None:  # language detection on a shortened window guessed Welsh for
             input_frames = N_FRAMES  # 4 s of English: detect on a standard 30 s window
@@ -180,35 +218,8 @@ def transcribe_audio(
         stats["windows"] += 1
         stats["tokens"] += len(result.tokens) + 1  # + end-of-text
 
-        is_silence = (
-            options.no_speech_threshold is not None
-            and result.no_speech_prob > options.no_speech_threshold
-            and not (
-                options.log_prob_threshold is not None
-                and result.avg_logprob > options.log_prob_threshold
-            )
-        )
-        if is_silence:
-            consumed = window_frames
-        else:
-            pieces, consumed = split_segments(result.tokens, tok, time_offset, window_frames)
-            for start, end, piece in pieces:
-                text = tok.decode(piece)
-                history += piece  # only what was consumed: a cut-off tail is decoded again
-                if not text.strip() or end <= start or start >= duration:
-                    continue  # empty, zero-length, or timestamped past the end of the audio
-                segments.append(
-                    Segment(
-                        id=len(segments), seek=seek, start=round(start, 3),
-                        end=round(min(end, duration), 3), text=text, tokens=piece,
-                        avg_logprob=result.avg_logprob,
-                        compression_ratio=result.compression_ratio,
-                        no_speech_prob=result.no_speech_prob, temperature=result.temperature,
-                    )
-                )
-            # A hot (unsure) window is a poor prompt for the next one: start afresh.
-            if result.temperature > 0.5:
-                history = []
+        consumed = accept_window(result, tok, seek, window_frames, duration, options,
+                                 history, segments)
         seek += consumed
         bar.update(round(min(seek, content_frames) / FRAMES_PER_SECOND - bar.n, 2))
     bar.close()

@@ -27,3 +27,7 @@ class DecodingOptions:
     # Seconds of silence after a window's audio when it is shorter than 30 s (the last window,
     # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s.
     window_pad: float | None = None
+    # Independent chunks of at most chunk_length seconds, cut at quiet frames and decoded
+    # batch_size at a time (batched.py); 0: Whisper's sequential loop (longform.py).
+    batch_size: int = 0
+    chunk_length: float = 30.0

@@ -70,22 +70,33 @@ def bootstrap_delta(
 JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
 
 
-def parse_asr_spec(spec: str) -> tuple[str, str, str, float | None]:
-    """``[fast:]MODEL[@COMPUTE][+padN]`` -> (engine, model, compute type, window pad).
+SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length"}
+
+
+def parse_asr_spec(spec: str) -> tuple[str, str, str, dict[str, float]]:
+    """``[fast:]MODEL[@COMPUTE][+padN][+batchN][+chunkN]`` -> (engine, model, compute type,
+    decoding-option overrides).
 
     ``fast:`` decodes on the owned engine (compute type = its precision); ``+padN`` encodes
-    short windows as audio + N s instead of 30 s. So the judge can gate decoding
-    configurations, not only weights: ``--model fast:whisper-base+pad10``."""
+    short windows as audio + N s instead of 30 s; ``+batchN+chunkS`` transcribes independent
+    chunks of at most S seconds, N at a time (batched.py). So the judge gates decoding
+    configurations, not only weights: ``--candidate whisper-base+pad5+batch8+chunk20``."""
     engine, _, rest = spec.rpartition(":")
     if engine not in ("", "fast"):
         raise ValueError(f"unknown engine {engine!r} in ASR spec {spec!r} (only 'fast:')")
-    rest, _, pad = rest.partition("+pad")
+    rest, *extras = rest.split("+")
     model, _, compute_type = rest.partition("@")
-    try:
-        window_pad = float(pad) if pad else None
-    except ValueError:
-        raise ValueError(f"bad +pad in ASR spec {spec!r}: want e.g. +pad10") from None
-    return engine or "ct2", model, compute_type or "int8", window_pad
+    overrides: dict[str, float] = {}
+    for extra in extras:
+        key = next((k for k in SPEC_OPTIONS if extra.startswith(k)), None)
+        try:
+            value = float(extra[len(key):]) if key else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise ValueError(f"bad +{extra} in ASR spec {spec!r}: want +padN, +batchN or +chunkN")
+        overrides[SPEC_OPTIONS[key]] = int(value) if key == "batch" else value
+    return engine or "ct2", model, compute_type or "int8", overrides
 
 
 class CachedASR:
@@ -95,9 +106,9 @@ class CachedASR:
     def __init__(self, spec: str, threads: int = 0):
         from audiofast.asr.ct2_runtime import CT2Whisper
 
-        engine, model, compute_type, window_pad = parse_asr_spec(spec)
+        engine, model, compute_type, overrides = parse_asr_spec(spec)
         self.spec = spec
-        self.options = replace(JUDGE_OPTIONS, window_pad=window_pad)
+        self.options = replace(JUDGE_OPTIONS, **overrides)
         if engine == "fast":
             from audiofast.asr.fast_runtime import FastWhisper
 

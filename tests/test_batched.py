@@ -1,0 +1,75 @@
+"""Batched long-form transcription: chunks cut at pauses, decoded together, in file time."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from audiofast.asr.batched import chunk_bounds
+from audiofast.asr.options import DecodingOptions
+from audiofast.eval.wer import wer
+
+BATCHED = DecodingOptions(language="en", batch_size=8, chunk_length=15, window_pad=5)
+
+
+def test_chunks_cover_the_audio_and_cut_in_pauses():
+    loud = torch.full((80, 4000), 1.0)
+    pauses = [900, 1150, 2300, 3400]  # 200 ms dips in the loudness
+    for pause in pauses:
+        loud[:, pause : pause + 20] = -1.0
+    bounds = chunk_bounds(loud, max_frames=1500, search_frames=500)
+    assert bounds[0][0] == 0 and bounds[-1][1] == 4000
+    ends, starts = [end for _, end in bounds[:-1]], [start for start, _ in bounds[1:]]
+    assert ends == starts
+    assert all(0 < end - start <= 1500 for start, end in bounds)
+    # each cut lands inside the last pause before the chunk would run too long
+    cuts = [end for _, end in bounds[:-1]]
+    assert [next(p for p in pauses if p <= cut < p + 20) for cut in cuts] == [1150, 2300, 3400]
+
+
+def test_short_audio_is_one_chunk():
+    assert chunk_bounds(torch.zeros(80, 700), max_frames=1500) == [(0, 700)]
+
+
+def test_batched_transcript_matches_the_reference(base, clips):
+    clip = clips["two_cities"]  # 44 s: three or four chunks of at most 15 s
+    result = base.transcribe(clip.audio, BATCHED)
+    assert result.stats["windows"] >= result.stats["chunks"] >= 3
+    assert wer(clip.reference, result.text) <= 0.05, result.text
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts)
+    assert all(s.start < s.end <= result.duration + 1e-6 for s in result.segments)
+    assert result.segments[-1].end > 40.0
+    assert [s.id for s in result.segments] == list(range(len(result.segments)))
+    text = result.text.lower()  # nothing lost or repeated where chunks meet
+    assert text.count("going direct to heaven") == 1
+    assert text.count("it was the age of wisdom") == 1
+
+
+def test_a_window_failing_the_checks_is_redone_on_a_full_window(base, clips):
+    """With an impossible log-prob threshold every shortened window 'fails': each is decoded
+    again alone on a standard 30 s window, and the words survive the detour."""
+    clip = clips["endgame_nagg_nell"]
+    options = replace(BATCHED, log_prob_threshold=0.0, no_speech_threshold=None,
+                      temperatures=(0.0,))
+    result = base.transcribe(clip.audio, options)
+    assert result.stats["full_window_retries"] == result.stats["windows"] >= 2
+    assert wer(clip.reference, result.text) <= 0.1, result.text
+    assert all(s.start < s.end <= result.duration + 1e-6 for s in result.segments)
+    assert result.segments[-1].end > 25.0
+
+
+def test_silence_gives_no_segments(base):
+    rng = np.random.default_rng(0)
+    hiss = (1e-4 * rng.standard_normal(40 * 16000)).astype(np.float32)
+    result = base.transcribe(hiss, BATCHED)
+    assert result.text == ""
+    assert result.duration == pytest.approx(40.0)
+
+
+def test_chunk_length_must_leave_room(base, clips):
+    for bad in (0, 31):
+        with pytest.raises(ValueError, match="chunk_length"):
+            base.transcribe(clips["beckett"].audio,
+                            DecodingOptions(batch_size=4, chunk_length=bad))
