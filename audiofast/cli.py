@@ -25,6 +25,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
+    p.add_argument("--encoder", choices=["ct2", "openvino"], default="ct2",
+                   help="audio encoder runtime: CTranslate2 int8, or OpenVINO fp32 (exported "
+                   "once into the cache)")
     p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
                    help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
@@ -98,9 +101,11 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         from audiofast.asr.fast_runtime import FastWhisper
 
         model = FastWhisper(args.model, threads=args.threads, precision=args.precision,
-                            drafter=args.drafter, draft_model=args.draft_model)
+                            drafter=args.drafter, draft_model=args.draft_model,
+                            encoder=args.encoder)
     else:
-        model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type)
+        model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type,
+                           encoder=args.encoder)
     failures = 0
     for path in args.files:
         try:

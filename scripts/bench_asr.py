@@ -34,10 +34,10 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
                      window_pad: float | None = None, language: str | None = None,
                      draft_model: Path | None = None, diet_model: Path | None = None,
                      ct2: str | None = None) -> Engine:
-    """The CTranslate2 runtime (``ct2``: option overrides as the judge spells them, e.g.
-    ``pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION`` then any of
-    ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of the model),
-    ``+padN`` (short windows encoded as audio + N s)."""
+    """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
+    them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
+    then any of ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of
+    the model), ``+padN`` (short windows encoded as audio + N s)."""
     if fast:
         precision, *parts = fast.split("+")
         drafter = next((p for p in parts if p in ("ngram", "model")), "none")
@@ -46,10 +46,11 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
                               precision=precision, drafter=drafter, draft_model=draft_model)
     else:
-        runtime = CT2Whisper(model, threads=threads)
+        spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
+        runtime = CT2Whisper(model, threads=threads, encoder=spec.encoder)
     options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
     if ct2:
-        options = replace(options, **parse_asr_spec(f"{model}+{ct2}")[3])
+        options = replace(options, **spec.options)
 
     def run(path: Path) -> dict:
         before = dict(getattr(runtime, "stats", {}))

@@ -12,6 +12,7 @@ from audiofast.eval import augment
 from audiofast.eval.datasets import tts_texts
 from audiofast.eval.gate import gate_asr, load_config
 from audiofast.eval.roundtrip import (
+    ASRSpec,
     CachedASR,
     EvalAudio,
     Utterance,
@@ -134,14 +135,15 @@ def test_packing_and_segment_assignment():
     assert assign(segments, packs[0].members) == [" one", " two three"]
 
 
-def test_asr_spec_names_engine_precision_and_window_pad():
-    assert parse_asr_spec("whisper-base") == ("ct2", "whisper-base", "int8", {})
-    assert parse_asr_spec("fast:whisper-base@fp32+pad10") == (
-        "fast", "whisper-base", "fp32", {"window_pad": 10})
-    assert parse_asr_spec("runs/m@float32+pad2.5") == (
-        "ct2", "runs/m", "float32", {"window_pad": 2.5})
-    assert parse_asr_spec("whisper-base+pad5+batch8+chunk20") == (
-        "ct2", "whisper-base", "int8", {"window_pad": 5, "batch_size": 8, "chunk_length": 20})
+def test_asr_spec_names_engine_precision_encoder_and_options():
+    assert parse_asr_spec("whisper-base") == ASRSpec("ct2", "whisper-base", "int8", "ct2", {})
+    assert parse_asr_spec("fast:whisper-base@fp32+pad10") == ASRSpec(
+        "fast", "whisper-base", "fp32", "ct2", {"window_pad": 10})
+    assert parse_asr_spec("runs/m@float32+pad2.5") == ASRSpec(
+        "ct2", "runs/m", "float32", "ct2", {"window_pad": 2.5})
+    assert parse_asr_spec("whisper-base+ov+pad5+batch8+chunk20") == ASRSpec(
+        "ct2", "whisper-base", "int8", "openvino",
+        {"window_pad": 5, "batch_size": 8, "chunk_length": 20})
     with pytest.raises(ValueError, match="unknown engine"):
         parse_asr_spec("tpu:whisper-base")
     with pytest.raises(ValueError, match="bad \\+pad"):

@@ -24,8 +24,9 @@ class FastWhisper:
     """Same interface as :class:`CT2Whisper`; decodes on :class:`WhisperDecoderEngine`."""
 
     def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
-                 drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None):
-        self.ct2 = CT2Whisper(model, threads=threads)
+                 drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None,
+                 encoder: str = "ct2"):
+        self.ct2 = CT2Whisper(model, threads=threads, encoder=encoder)
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = self.ct2.tokenizer

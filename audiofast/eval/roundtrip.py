@@ -73,14 +73,22 @@ JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
 SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length"}
 
 
-def parse_asr_spec(spec: str) -> tuple[str, str, str, dict[str, float]]:
-    """``[fast:]MODEL[@COMPUTE][+padN][+batchN][+chunkN]`` -> (engine, model, compute type,
-    decoding-option overrides).
+@dataclass(frozen=True)
+class ASRSpec:
+    engine: str  # "ct2" or "fast" (the owned decoder engine)
+    model: str
+    compute_type: str  # CTranslate2 compute type, or the fast engine's precision
+    encoder: str  # "ct2" or "openvino"
+    options: dict[str, float]  # DecodingOptions overrides
 
-    ``fast:`` decodes on the owned engine (compute type = its precision); ``+padN`` encodes
-    short windows as audio + N s instead of 30 s; ``+batchN+chunkS`` transcribes independent
-    chunks of at most S seconds, N at a time (batched.py). So the judge gates decoding
-    configurations, not only weights: ``--candidate whisper-base+pad5+batch8+chunk20``."""
+
+def parse_asr_spec(spec: str) -> ASRSpec:
+    """``[fast:]MODEL[@COMPUTE][+ov][+padN][+batchN][+chunkN]`` -> :class:`ASRSpec`.
+
+    ``fast:`` decodes on the owned engine (compute type = its precision); ``+ov`` encodes on
+    OpenVINO; ``+padN`` encodes short windows as audio + N s instead of 30 s; ``+batchN+chunkS``
+    transcribes chunks of at most S seconds side by side, N at a time (batched.py). So the
+    judge gates decoding configurations, not only weights: ``whisper-base+ov+pad10``."""
     engine, _, rest = spec.rpartition(":")
     if engine not in ("", "fast"):
         raise ValueError(f"unknown engine {engine!r} in ASR spec {spec!r} (only 'fast:')")
@@ -88,15 +96,19 @@ def parse_asr_spec(spec: str) -> tuple[str, str, str, dict[str, float]]:
     model, _, compute_type = rest.partition("@")
     overrides: dict[str, float] = {}
     for extra in extras:
+        if extra == "ov":
+            continue
         key = next((k for k in SPEC_OPTIONS if extra.startswith(k)), None)
         try:
             value = float(extra[len(key):]) if key else None
         except ValueError:
             value = None
         if value is None:
-            raise ValueError(f"bad +{extra} in ASR spec {spec!r}: want +padN, +batchN or +chunkN")
+            raise ValueError(f"bad +{extra} in ASR spec {spec!r}: "
+                             "want +ov, +padN, +batchN or +chunkN")
         overrides[SPEC_OPTIONS[key]] = int(value) if key == "batch" else value
-    return engine or "ct2", model, compute_type or "int8", overrides
+    return ASRSpec(engine or "ct2", model, compute_type or "int8",
+                   "openvino" if "ov" in extras else "ct2", overrides)
 
 
 class CachedASR:
@@ -106,21 +118,26 @@ class CachedASR:
     def __init__(self, spec: str, threads: int = 0):
         from audiofast.asr.ct2_runtime import CT2Whisper
 
-        engine, model, compute_type, overrides = parse_asr_spec(spec)
+        parsed = parse_asr_spec(spec)
+        engine, compute_type = parsed.engine, parsed.compute_type
         self.spec = spec
-        self.options = replace(JUDGE_OPTIONS, **overrides)
+        self.options = replace(JUDGE_OPTIONS, **parsed.options)
         if engine == "fast":
             from audiofast.asr.fast_runtime import FastWhisper
 
-            self.asr = FastWhisper(model, threads=threads, precision=compute_type)
+            self.asr = FastWhisper(parsed.model, threads=threads, precision=compute_type,
+                                   encoder=parsed.encoder)
             resolved = self.asr.ct2.resolved
         else:
-            self.asr = CT2Whisper(model, threads=threads, compute_type=compute_type)
+            self.asr = CT2Whisper(parsed.model, threads=threads, compute_type=compute_type,
+                                  encoder=parsed.encoder)
             resolved = self.asr.resolved
         weights = resolved.ct2_dir / "model.bin"
         stat = weights.stat()
         identity = (f"{weights.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{engine}:"
                     f"{compute_type}:{self.options}")
+        if parsed.encoder != "ct2":
+            identity += f":{parsed.encoder}"
         digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
         self.cache = cache_dir() / "transcripts" / digest
 

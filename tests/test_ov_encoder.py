@@ -1,0 +1,52 @@
+"""The OpenVINO encoder: the fp32 model's output at any window length, and real transcripts."""
+
+import numpy as np
+import pytest
+import torch
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+from audiofast.asr.options import DecodingOptions
+from audiofast.audio import load_audio
+from audiofast.eval.wer import wer
+
+
+@pytest.fixture(scope="module")
+def ov_base() -> CT2Whisper:
+    return CT2Whisper("whisper-base", threads=2, encoder="openvino")
+
+
+def test_matches_the_pytorch_encoder_at_full_and_short_lengths(ov_base, clips):
+    from audiofast.models.ct2_to_hf import whisper_from_ct2
+
+    hf, _ = whisper_from_ct2(ov_base.resolved.ct2_dir)
+    mel = log_mel_spectrogram(load_audio(clips["beckett"].audio), ov_base.n_mels)
+    for frames in (3000, 1200):  # a standard window, and a padded short one
+        window = pad_or_trim(mel, frames)[None]
+        got = torch.from_numpy(np.array(ov_base.encode_batch(window)))
+        with torch.no_grad():  # HF's encoder only takes 3000 frames: run its layers by hand
+            enc = hf.model.encoder
+            x = torch.nn.functional.gelu(enc.conv2(torch.nn.functional.gelu(enc.conv1(window))))
+            x = x.transpose(1, 2) + enc.embed_positions.weight[: frames // 2]
+            for layer in enc.layers:
+                x = layer(x, attention_mask=None)
+            want = enc.layer_norm(x)
+        assert got.shape == want.shape == (1, frames // 2, 512)
+        diff = (got - want).abs()  # fp32 both, summed in a different order
+        assert diff.mean() < 1e-4 and diff.max() < 0.02, (diff.mean(), diff.max())
+
+
+def test_real_speech_through_the_openvino_encoder(ov_base, clips):
+    for name in ("two_cities", "beckett", "clone-test"):
+        result = ov_base.transcribe(clips[name].audio, DecodingOptions(window_pad=10.0))
+        assert wer(clips[name].reference, result.text) <= 0.05, (name, result.text)
+
+
+def test_export_is_cached_and_bad_encoder_names_are_refused(ov_base):
+    from audiofast.asr.ov_encoder import OpenVINOEncoder
+
+    again = OpenVINOEncoder(ov_base.resolved.ct2_dir, threads=2)
+    assert again.path == ov_base.ov_encoder.path
+    assert again.path.stat().st_mtime_ns == ov_base.ov_encoder.path.stat().st_mtime_ns
+    with pytest.raises(ValueError, match="encoder must be ct2 or openvino"):
+        CT2Whisper("whisper-base", encoder="tpu")
