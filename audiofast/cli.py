@@ -25,9 +25,9 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
-    p.add_argument("--encoder", choices=["ct2", "openvino"], default="ct2",
-                   help="audio encoder runtime: CTranslate2 int8, or OpenVINO fp32 (exported "
-                   "once into the cache)")
+    p.add_argument("--encoder", choices=["ct2", "openvino", "auto"], default="ct2",
+                   help="audio encoder: CTranslate2 int8, OpenVINO fp32 (exported once into "
+                   "the cache), or auto (OpenVINO for windows of 22 s and more)")
     p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
                    help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",

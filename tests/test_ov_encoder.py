@@ -48,5 +48,5 @@ def test_export_is_cached_and_bad_encoder_names_are_refused(ov_base):
     again = OpenVINOEncoder(ov_base.resolved.ct2_dir, threads=2)
     assert again.path == ov_base.ov_encoder.path
     assert again.path.stat().st_mtime_ns == ov_base.ov_encoder.path.stat().st_mtime_ns
-    with pytest.raises(ValueError, match="encoder must be ct2 or openvino"):
+    with pytest.raises(ValueError, match="encoder must be ct2, openvino or auto"):
         CT2Whisper("whisper-base", encoder="tpu")

@@ -71,6 +71,7 @@ JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
 
 
 SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length"}
+ENCODERS = {"ov": "openvino", "auto": "auto"}  # +ov, +auto
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,13 @@ class ASRSpec:
 
 
 def parse_asr_spec(spec: str) -> ASRSpec:
-    """``[fast:]MODEL[@COMPUTE][+ov][+padN][+batchN][+chunkN]`` -> :class:`ASRSpec`.
+    """``[fast:]MODEL[@COMPUTE][+ov|+auto][+padN][+batchN][+chunkN]`` -> :class:`ASRSpec`.
 
     ``fast:`` decodes on the owned engine (compute type = its precision); ``+ov`` encodes on
-    OpenVINO; ``+padN`` encodes short windows as audio + N s instead of 30 s; ``+batchN+chunkS``
-    transcribes chunks of at most S seconds side by side, N at a time (batched.py). So the
-    judge gates decoding configurations, not only weights: ``whisper-base+ov+pad10``."""
+    OpenVINO, ``+auto`` on OpenVINO for long windows only; ``+padN`` encodes short windows as
+    audio + N s instead of 30 s; ``+batchN+chunkS`` transcribes chunks of at most S seconds
+    side by side, N at a time (batched.py). So the judge gates decoding configurations, not
+    only weights: ``whisper-base+auto+pad10``."""
     engine, _, rest = spec.rpartition(":")
     if engine not in ("", "fast"):
         raise ValueError(f"unknown engine {engine!r} in ASR spec {spec!r} (only 'fast:')")
@@ -96,7 +98,7 @@ def parse_asr_spec(spec: str) -> ASRSpec:
     model, _, compute_type = rest.partition("@")
     overrides: dict[str, float] = {}
     for extra in extras:
-        if extra == "ov":
+        if extra in ENCODERS:
             continue
         key = next((k for k in SPEC_OPTIONS if extra.startswith(k)), None)
         try:
@@ -105,10 +107,10 @@ def parse_asr_spec(spec: str) -> ASRSpec:
             value = None
         if value is None:
             raise ValueError(f"bad +{extra} in ASR spec {spec!r}: "
-                             "want +ov, +padN, +batchN or +chunkN")
+                             "want +ov, +auto, +padN, +batchN or +chunkN")
         overrides[SPEC_OPTIONS[key]] = int(value) if key == "batch" else value
-    return ASRSpec(engine or "ct2", model, compute_type or "int8",
-                   "openvino" if "ov" in extras else "ct2", overrides)
+    encoder = next((ENCODERS[e] for e in extras if e in ENCODERS), "ct2")
+    return ASRSpec(engine or "ct2", model, compute_type or "int8", encoder, overrides)
 
 
 class CachedASR:
