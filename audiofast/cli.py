@@ -39,10 +39,10 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
-    p.add_argument("--window-pad", type=_window_pad, default=10.0, metavar="SECONDS|off",
+    p.add_argument("--window-pad", type=_window_pad, default=2.0, metavar="SECONDS|off",
                    help="encode a window shorter than 30 s as its audio + SECONDS of silence "
-                   "(default 10: passed the judge's gate vs 30 s windows; a window whose "
-                   "greedy decode fails is redone at 30 s); off: always 30 s, as Whisper")
+                   "(default 2: passed the judge's gate vs 30 s windows, 0 failed; a window "
+                   "whose greedy decode fails is redone at 30 s); off: always 30 s, as Whisper")
     p.add_argument("--batch-size", type=_count, default=0, metavar="N",
                    help="N > 0: cut the file at pauses into independent chunks and decode N "
                    "at a time (CTranslate2 engine); 0 (default): Whisper's sequential windows")

@@ -107,12 +107,13 @@ def test_encoder_frames_for_short_windows():
 
 
 def test_window_pad_keeps_the_transcript(base, clips):
-    """Short windows encoded as audio + 10 s: the same words on every eval clip (the last
-    window of two_cities and the whole of the shorter clips are short windows). The language
+    """Short windows encoded as audio + 2 s (the CLI default): the same words on every eval
+    clip (the last window of two_cities and the whole of the shorter clips are short
+    windows). The language
     is given; detection runs on a full window (see the next test)."""
     for name, bound in REAL_SPEECH_BOUNDS["whisper-base"].items():
         clip = clips[name]
-        padded = base.transcribe(clip.audio, DecodingOptions(language="en", window_pad=10.0))
+        padded = base.transcribe(clip.audio, DecodingOptions(language="en", window_pad=2.0))
         assert wer(clip.reference, padded.text) <= bound, (name, padded.text)
         assert padded.segments[-1].end <= padded.duration + 1e-6
         assert padded.stats.get("full_window_retries", 0) == 0  # no window had to be redone
