@@ -19,10 +19,14 @@ PY=.venv/bin/python
 $PY scripts/sweep_vocab_diet.py --models "$MODEL" --workdir "$WORK/sweep" \
   --out "$WORK/vocab_diet"
 # 4. Scoreboard against faster-whisper on the same weights, threads and audio.
-$PY scripts/bench_asr.py --models "$MODEL" --language en --runs 3 --window-pad 10 \
-  --fast int8 int8+ngram int8+pad10 int8+ngram+pad10 int8+model+pad10 int8+diet+model+pad10 \
+$PY scripts/bench_asr.py --models "$MODEL" --language en --runs 3 --window-pad 10 2 \
+  --ct2 auto+pad2 pad2+batch8+chunk15 --fw-batch 8 \
+  --fast int8 int8+ngram int8+pad2 int8+ngram+pad2 int8+model+pad2 int8+diet+model+pad2 \
   --draft-model "$WORK/$MODEL-drafter" --diet-model "$WORK/$MODEL-diet$KEEP" \
   --out "$WORK/bench_asr.json"
-# 5. The judge: does the fast engine hold quality against CTranslate2 (pass/fail + report)?
-.venv/bin/audiofast gate --lane asr --candidate "fast:$MODEL+pad10" --baseline "$MODEL" \
-  --report-dir "$WORK/gate" || echo "gate: the fast engine did not pass (see $WORK/gate)"
+# 5. The judge: which configurations hold quality against 30 s CTranslate2 windows?
+for CANDIDATE in "$MODEL+pad2" "$MODEL+auto+pad2" "$MODEL+pad2+batch8+chunk15" \
+    "fast:$MODEL+pad2"; do
+  .venv/bin/audiofast gate --lane asr --candidate "$CANDIDATE" --baseline "$MODEL" \
+    --report-dir "$WORK/gate/$CANDIDATE" || echo "gate: $CANDIDATE did not pass"
+done
