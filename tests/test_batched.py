@@ -30,6 +30,7 @@ def test_chunks_cover_the_audio_and_cut_in_pauses():
 
 def test_short_audio_is_one_chunk():
     assert chunk_bounds(torch.zeros(80, 700), max_frames=1500) == [(0, 700)]
+    assert chunk_bounds(torch.zeros(80, 0), max_frames=1500) == [(0, 0)]
 
 
 def test_batched_transcript_matches_the_reference(base, clips):
@@ -73,3 +74,5 @@ def test_chunk_length_must_leave_room(base, clips):
         with pytest.raises(ValueError, match="chunk_length"):
             base.transcribe(clips["beckett"].audio,
                             DecodingOptions(batch_size=4, chunk_length=bad))
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        base.transcribe(clips["beckett"].audio, DecodingOptions(batch_size=-2))

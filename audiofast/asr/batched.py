@@ -59,6 +59,8 @@ def chunk_bounds(mel: torch.Tensor, max_frames: int,
     """Cut ``mel`` (n_mels, frames) into [start, end) spans of at most ``max_frames``, each cut
     at the quietest (smoothed mean log-mel) frame of the span's last ``search_frames``."""
     total = mel.shape[-1]
+    if total <= max_frames:
+        return [(0, total)]
     kernel = torch.ones(1, 1, LOUDNESS_SMOOTHING) / LOUDNESS_SMOOTHING
     loudness = torch.nn.functional.conv1d(
         mel.mean(0)[None, None], kernel, padding=LOUDNESS_SMOOTHING // 2)[0, 0, :total]
@@ -90,6 +92,8 @@ def transcribe_batched(
     """Transcribe 16 kHz mono audio as chunks decoded side by side, ``batch_size`` at a time."""
     if not 0 < options.chunk_length <= 30:
         raise ValueError(f"chunk_length must be in (0, 30] seconds, not {options.chunk_length}")
+    if options.batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {options.batch_size}")
     tok = runtime.tokenizer
     duration = len(audio) / SAMPLE_RATE
     mel = log_mel_spectrogram(audio, runtime.n_mels, padding=N_SAMPLES)  # as longform.py

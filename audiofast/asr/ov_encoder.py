@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def export_encoder(ct2_dir: Path, out_dir: Path) -> Path:
 
     from audiofast.models.ct2_to_hf import whisper_from_ct2
 
+    print(f"audiofast: exporting {ct2_dir.name}'s encoder to OpenVINO (once, ~20 s)",
+          file=sys.stderr)
     hf_model, _ = whisper_from_ct2(ct2_dir)
     module = _EncoderForExport(hf_model.model.encoder).eval()
     n_mels = hf_model.config.num_mel_bins
