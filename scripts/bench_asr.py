@@ -165,6 +165,29 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def long_clip(clips: list[EvalClip], repeats: int, folder: Path) -> EvalClip:
+    """A multi-minute stand-in recording (none ships offline): the real clips end to end,
+    1 s apart, ``repeats`` times; its reference is theirs joined."""
+    import wave
+
+    import numpy as np
+
+    from audiofast.audio import load_audio
+
+    gap = np.zeros(16000, dtype=np.float32)
+    audio = np.concatenate([part for _ in range(repeats) for c in clips
+                            for part in (load_audio(c.audio), gap)])
+    path = folder / f"long-x{repeats}.wav"
+    folder.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes((np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes())
+    reference = " ".join(c.reference for _ in range(repeats) for c in clips)
+    return EvalClip(path.stem, path, reference, "real")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["whisper-base"])
@@ -186,10 +209,14 @@ def main() -> None:
                         "pad5+batch8+chunk25 (batched chunks)")
     parser.add_argument("--fw-batch", type=int, default=0,
                         help="add a faster-whisper BatchedInferencePipeline row, batch size N")
+    parser.add_argument("--long", type=int, default=0, metavar="N",
+                        help="only a long stand-in clip: the real clips end to end, N times")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
     clips = [c for c in real_speech_clips() if not args.clips or c.name in args.clips]
+    if args.long:
+        clips = [long_clip(clips, args.long, args.out.parent)]
     results = []
     for model in args.models:
         engines = {
@@ -217,7 +244,7 @@ def main() -> None:
     meta = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
             "beam_size": args.beam_size, "runs": args.runs, "statistic": "median",
             "language": args.language, "window_pad": args.window_pad, "ct2": args.ct2,
-            "fw_batch": args.fw_batch}
+            "fw_batch": args.fw_batch, "long": args.long}
     args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

@@ -24,7 +24,8 @@ OV_MIN_FRAMES = 2200
 
 
 class CT2Whisper:
-    """A Whisper model on CTranslate2, decoding one 30 s window at a time."""
+    """A Whisper model on CTranslate2 (the encoder optionally on OpenVINO): one window at a
+    time (longform.py) or chunks side by side (batched.py)."""
 
     def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8",
                  seed: int = 0, encoder: str = "ct2"):

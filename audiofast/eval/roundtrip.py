@@ -79,7 +79,7 @@ class ASRSpec:
     engine: str  # "ct2" or "fast" (the owned decoder engine)
     model: str
     compute_type: str  # CTranslate2 compute type, or the fast engine's precision
-    encoder: str  # "ct2" or "openvino"
+    encoder: str  # "ct2", "openvino" or "auto"
     options: dict[str, float]  # DecodingOptions overrides
 
 
