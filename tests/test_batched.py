@@ -8,6 +8,7 @@ import torch
 
 from audiofast.asr.batched import chunk_bounds
 from audiofast.asr.options import DecodingOptions
+from audiofast.audio import load_audio
 from audiofast.eval.wer import wer
 
 BATCHED = DecodingOptions(language="en", batch_size=8, chunk_length=15, window_pad=5)
@@ -46,6 +47,16 @@ def test_batched_transcript_matches_the_reference(base, clips):
     text = result.text.lower()  # nothing lost or repeated where chunks meet
     assert text.count("going direct to heaven") == 1
     assert text.count("it was the age of wisdom") == 1
+
+
+def test_chunks_with_different_histories_share_a_batch(base, clips):
+    """72 s in chunks of up to 30 s: chunks need second windows whose previous-text prompts
+    differ in length, which one CTranslate2 batch cannot hold as they are."""
+    parts = [clips["two_cities"], clips["endgame_nagg_nell"]]
+    audio = np.concatenate([load_audio(c.audio) for c in parts])
+    result = base.transcribe(audio, replace(BATCHED, chunk_length=30, window_pad=2))
+    assert result.stats["windows"] > result.stats["chunks"] >= 3
+    assert wer(" ".join(c.reference for c in parts), result.text) <= 0.05, result.text
 
 
 def test_a_window_failing_the_checks_is_redone_on_a_full_window(base, clips):

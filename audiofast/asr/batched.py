@@ -38,6 +38,7 @@ from audiofast.asr.longform import (
     passes_checks,
 )
 from audiofast.asr.options import DecodingOptions
+from audiofast.asr.tokenizer import PROMPT_HISTORY_TOKENS
 from audiofast.asr.types import Segment, Transcription
 from audiofast.audio import SAMPLE_RATE
 
@@ -74,13 +75,17 @@ def chunk_bounds(mel: torch.Tensor, max_frames: int,
     return bounds
 
 
-@dataclass
+@dataclass(eq=False)  # chunks are compared by identity
 class Chunk:
     """One span of the file with its own Whisper loop state."""
 
-    seek: int  # next mel frame to decode
+    start: int  # mel frames
     end: int
     history: list[int] = field(default_factory=list)  # prompt tokens: the chunk's own text
+    seek: int = -1  # next mel frame to decode
+
+    def __post_init__(self) -> None:
+        self.seek = self.start if self.seek < 0 else self.seek
 
 
 def transcribe_batched(
@@ -120,38 +125,54 @@ def transcribe_batched(
     bar = tqdm(total=round(duration, 2), unit="s", desc="transcribing", disable=not show_progress)
     while active := [c for c in chunks if c.seek < c.end]:
         batch = active[: options.batch_size]
-        spans = [(c.seek, min(c.end, c.seek + N_FRAMES)) for c in batch]
-        frames = encoder_frames(max(end - start for start, end in spans), options.window_pad)
-        prompts = [tok.prompt(c.history if options.condition_on_previous_text else [], language,
-                              options.task, timestamps=not options.without_timestamps)
-                   for c in batch]
-        t0 = time.perf_counter()
-        encoded = runtime.encode_batch(
-            torch.stack([pad_or_trim(mel[:, start:end], frames) for start, end in spans]))
-        t1 = time.perf_counter()
-        results = runtime.decode_batch(encoded, prompts, options)
-        stats["encoder_s"] += t1 - t0
-        stats["decoder_s"] += time.perf_counter() - t1
-        for chunk, (start, end), prompt, result in zip(batch, spans, prompts, results,
-                                                        strict=True):
-            result.compression_ratio = compression_ratio(tok.decode(result.tokens))
-            if not passes_checks(result, options):
-                # Whisper saw 30 s windows in training and sometimes loops on less: decode
-                # this window again alone, the standard way, with temperature fallback.
-                stats["full_window_retries"] += 1
-                t0 = time.perf_counter()
-                full = runtime.encode(pad_or_trim(mel[:, start:end]))
-                t1 = time.perf_counter()
-                result = decode_with_fallback(runtime, full, prompt, options)
-                stats["encoder_s"] += t1 - t0
-                stats["decoder_s"] += time.perf_counter() - t1
-            stats["windows"] += 1
-            stats["tokens"] += len(result.tokens) + 1
-            chunk.seek += accept_window(result, tok, start, end - start, duration, options,
-                                        chunk.history, segments)
-            bar.update(round((min(chunk.seek, chunk.end) - start) / FRAMES_PER_SECOND, 2))
+        # CTranslate2 batches need start-of-transcript at one position in every prompt: chunks
+        # with previous text share the length of the shortest (its most recent tokens), and
+        # chunks without any are decoded in a batch of their own.
+        with_text = [c for c in batch if c.history] if options.condition_on_previous_text else []
+        keep = min([len(c.history) for c in with_text] + [PROMPT_HISTORY_TOKENS])
+        for group, history in (([c for c in batch if c not in with_text], 0), (with_text, keep)):
+            if group:
+                prompts = [tok.prompt(c.history[len(c.history) - history:] if history else [],
+                                      language, options.task,
+                                      timestamps=not options.without_timestamps) for c in group]
+                decode_group(runtime, mel, group, prompts, options, duration, segments, stats)
+        done = sum(min(c.seek, c.end) - c.start for c in chunks) / FRAMES_PER_SECOND
+        bar.update(round(done - bar.n, 2))
     bar.close()
     segments.sort(key=lambda s: s.start)
     for i, segment in enumerate(segments):
         segment.id = i
     return Transcription(segments, language or "en", language_prob, duration, stats)
+
+
+def decode_group(runtime: BatchDecoder, mel: torch.Tensor, group: list[Chunk],
+                 prompts: list[list[int]], options: DecodingOptions, duration: float,
+                 segments: list[Segment], stats: dict) -> None:
+    """One window of every chunk in ``group``: one encoder call, one generate call, then each
+    chunk's segments, history and seek, as in Whisper's loop."""
+    tok = runtime.tokenizer
+    spans = [(c.seek, min(c.end, c.seek + N_FRAMES)) for c in group]
+    frames = encoder_frames(max(end - start for start, end in spans), options.window_pad)
+    t0 = time.perf_counter()
+    encoded = runtime.encode_batch(
+        torch.stack([pad_or_trim(mel[:, start:end], frames) for start, end in spans]))
+    t1 = time.perf_counter()
+    results = runtime.decode_batch(encoded, prompts, options)
+    stats["encoder_s"] += t1 - t0
+    stats["decoder_s"] += time.perf_counter() - t1
+    for chunk, (start, end), prompt, result in zip(group, spans, prompts, results, strict=True):
+        result.compression_ratio = compression_ratio(tok.decode(result.tokens))
+        if not passes_checks(result, options):
+            # Whisper saw 30 s windows in training and sometimes loops on less: decode this
+            # window again alone, the standard way, with temperature fallback.
+            stats["full_window_retries"] += 1
+            t0 = time.perf_counter()
+            full = runtime.encode(pad_or_trim(mel[:, start:end]))
+            t1 = time.perf_counter()
+            result = decode_with_fallback(runtime, full, prompt, options)
+            stats["encoder_s"] += t1 - t0
+            stats["decoder_s"] += time.perf_counter() - t1
+        stats["windows"] += 1
+        stats["tokens"] += len(result.tokens) + 1
+        chunk.seek += accept_window(result, tok, start, end - start, duration, options,
+                                    chunk.history, segments)
