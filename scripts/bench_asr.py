@@ -216,7 +216,9 @@ def main() -> None:
 
     clips = [c for c in real_speech_clips() if not args.clips or c.name in args.clips]
     if args.long:
-        clips = [long_clip(clips, args.long, args.out.parent)]
+        from audiofast.models.packaged import cache_dir
+
+        clips = [long_clip(clips, args.long, cache_dir() / "bench")]
     results = []
     for model in args.models:
         engines = {
