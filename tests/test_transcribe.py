@@ -124,3 +124,14 @@ def test_window_pad_detects_the_language_on_a_full_window(base, clips):
     result = base.transcribe(clips["clone-test"].audio, DecodingOptions(window_pad=10.0))
     assert result.language == "en"
     assert wer(clips["clone-test"].reference, result.text) == 0.0
+
+
+def test_when_every_temperature_fails_the_best_attempt_is_kept(base, clips):
+    """An impossible log-prob threshold fails every temperature; the kept attempt is the one
+    with the best average log-prob - here greedy's, the right words - not the last sample."""
+    clip = clips["clone-test"]
+    options = DecodingOptions(language="en", log_prob_threshold=0.0, no_speech_threshold=None)
+    for _ in range(2):  # the samples differ call to call; the choice must not
+        result = base.transcribe(clip.audio, options)
+        assert wer(clip.reference, result.text) == 0.0, result.text
+        assert all(s.temperature == 1.0 for s in result.segments)

@@ -79,16 +79,24 @@ def passes_checks(result: WindowResult, options: DecodingOptions) -> bool:
 def decode_with_fallback(
     runtime: WindowDecoder, encoded: Any, prompt: list[int], options: DecodingOptions
 ) -> WindowResult:
-    """Decode at temperature 0; retry hotter while the output looks repetitive or unsure."""
-    result = None
+    """Decode at temperature 0; retry hotter while the output looks repetitive or unsure. If
+    every temperature fails, keep the attempt with the best average log-prob among those that
+    are not repetitive (as faster-whisper does; the last, hottest sample is usually the
+    worst), marked with the last temperature so the next window's prompt starts afresh."""
+    attempts: list[WindowResult] = []
     for temperature in options.temperatures:
         result = runtime.decode(encoded, prompt, options, temperature)
         result.temperature = temperature
         result.compression_ratio = compression_ratio(runtime.tokenizer.decode(result.tokens))
         if passes_checks(result, options):
-            break
-    assert result is not None, "options.temperatures must not be empty"
-    return result
+            return result
+        attempts.append(result)
+    assert attempts, "options.temperatures must not be empty"
+    threshold = options.compression_ratio_threshold
+    fluent = [a for a in attempts if threshold is None or a.compression_ratio <= threshold]
+    best = max(fluent or attempts, key=lambda a: a.avg_logprob)
+    best.temperature = attempts[-1].temperature
+    return best
 
 
 def split_segments(
