@@ -35,6 +35,7 @@ from audiofast.asr.longform import (
     compression_ratio,
     decode_with_fallback,
     encoder_frames,
+    given_language,
     passes_checks,
 )
 from audiofast.asr.options import DecodingOptions
@@ -81,11 +82,11 @@ class Chunk:
 
     start: int  # mel frames
     end: int
-    history: list[int] = field(default_factory=list)  # prompt tokens: the chunk's own text
-    seek: int = -1  # next mel frame to decode
+    history: list[int]  # prompt tokens: the chunk's own text
+    seek: int = field(init=False)  # next mel frame to decode
 
     def __post_init__(self) -> None:
-        self.seek = self.start if self.seek < 0 else self.seek
+        self.seek = self.start
 
 
 def transcribe_batched(
@@ -105,11 +106,7 @@ def transcribe_batched(
     content_frames = mel.shape[-1] - N_FRAMES
     stats = {"encoder_s": 0.0, "decoder_s": 0.0, "windows": 0, "tokens": 0,
              "full_window_retries": 0}
-    language, language_prob = options.language, 1.0
-    if not tok.multilingual:
-        if language not in (None, "en"):
-            raise ValueError(f"this model is English-only; cannot transcribe {language!r}")
-        language = "en"
+    language, language_prob = given_language(tok, options), 1.0
     if language is None:  # detected on a standard 30 s window (short ones mislead it)
         t0 = time.perf_counter()
         language, language_prob = runtime.detect_language(runtime.encode(pad_or_trim(mel)))

@@ -172,6 +172,16 @@ def accept_window(
     return consumed
 
 
+def given_language(tok: WhisperTokenizer, options: DecodingOptions) -> str | None:
+    """The language to decode in before any detection: the one asked for, "en" on an
+    English-only model (which refuses any other), None to detect."""
+    if tok.multilingual:
+        return options.language
+    if options.language not in (None, "en"):
+        raise ValueError(f"this model is English-only; cannot transcribe {options.language!r}")
+    return "en"
+
+
 def transcribe_audio(
     runtime: WindowDecoder,
     audio: np.ndarray,
@@ -185,11 +195,7 @@ def transcribe_audio(
     content_frames = mel.shape[-1] - N_FRAMES
     stats = {"encoder_s": 0.0, "decoder_s": 0.0, "windows": 0, "tokens": 0}
 
-    language, language_prob = options.language, 1.0
-    if not tok.multilingual:
-        if language not in (None, "en"):
-            raise ValueError(f"this model is English-only; cannot transcribe {language!r}")
-        language = "en"
+    language, language_prob = given_language(tok, options), 1.0
 
     history = tok.encode(" " + options.initial_prompt.strip()) if options.initial_prompt else []
     segments: list[Segment] = []
