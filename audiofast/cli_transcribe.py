@@ -30,8 +30,8 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
                    help="decoder: CTranslate2 (default) or audiofast's own engine (experimental)")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
-                   help="weights of the fast engine (int8 with calibrated, batch-invariant "
-                        "activation ranges)")
+                   help="weights of the fast engine (int8: per-channel weights; with a "
+                        "drafter, per-row activation ranges keep drafting lossless)")
     p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,

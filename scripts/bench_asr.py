@@ -23,7 +23,7 @@ from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.fast_runtime import FastWhisper
 from audiofast.asr.options import DecodingOptions
 from audiofast.eval.datasets import EvalClip, real_speech_clips
-from audiofast.eval.roundtrip import parse_asr_spec
+from audiofast.eval.roundtrip import ENCODERS, parse_asr_spec
 from audiofast.eval.wer import wer
 
 # audio path -> text, generated tokens, and whatever timings the engine reports
@@ -37,14 +37,16 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
     then any of ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of
-    the model), ``+padN`` (short windows encoded as audio + N s)."""
+    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto`` (encoder)."""
     if fast:
         precision, *parts = fast.split("+")
         drafter = next((p for p in parts if p in ("ngram", "model")), "none")
         pads = [float(p[3:]) for p in parts if p.startswith("pad")]
         window_pad = pads[0] if pads else window_pad
+        encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
         runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
-                              precision=precision, drafter=drafter, draft_model=draft_model)
+                              precision=precision, drafter=drafter, draft_model=draft_model,
+                              encoder=encoder)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = CT2Whisper(model, threads=threads, encoder=spec.encoder)

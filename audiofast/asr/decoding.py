@@ -85,8 +85,9 @@ def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTo
                  max_new_tokens: int) -> tuple[DecodeOutput, torch.Tensor, int]:
     """Feed the prompt in one call: the output so far (with the no-speech probability read at
     the start-of-transcript position), the next-token logits, and the token budget."""
-    logits = engine(torch.tensor(prompt), 0)
-    no_speech = logits[prompt.index(tok.sot)].softmax(-1)[tok.no_speech].item()
+    sot = prompt.index(tok.sot)
+    logits = engine(torch.tensor(prompt), 0, last=len(prompt) - sot)
+    no_speech = logits[0].softmax(-1)[tok.no_speech].item()
     limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
     return DecodeOutput([], 0.0, no_speech, engine_calls=1), logits[-1], limit
 

@@ -83,7 +83,7 @@ class ModelDrafter:
                 break
             same += 1
         same = min(same, len(context) - 1)  # always feed at least the last token
-        logits = self.engine(torch.tensor(context[same:]), same)[-1]
+        logits = self.engine(torch.tensor(context[same:]), same, last=1)[0]
         self.fed = list(context)
         draft: list[int] = []
         while len(draft) < self.draft_len:
