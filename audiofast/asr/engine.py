@@ -78,7 +78,9 @@ class DecoderStep(nn.Module):
     cross_k: list[torch.Tensor]
     cross_v: list[torch.Tensor]
 
-    def __init__(self, hf_model, head_ids: torch.Tensor | None):
+    def __init__(self, hf_model, head_ids: torch.Tensor | None, rescore: int = 0):
+        """``rescore`` > 0: after an int8 head, that many top logits are recomputed exactly
+        from an fp32 copy of the head (see forward)."""
         super().__init__()
         decoder = hf_model.model.decoder
         cfg = hf_model.config
@@ -90,9 +92,8 @@ class DecoderStep(nn.Module):
         head = hf_model.proj_out.weight.detach()
         head = (head if head_ids is None else head[head_ids]).clone()
         self.lm_head = _linear(head, None)
-        # The output head in fp32, for re-scoring an int8 head's top candidates (see forward).
-        self.register_buffer("exact_head", head)
-        self.rescore: int = 0
+        self.rescore: int = rescore
+        self.register_buffer("exact_head", head if rescore else torch.empty(0, head.shape[1]))
         shape = (len(self.layers), 1, self.n_heads, cfg.max_target_positions,
                  cfg.d_model // self.n_heads)
         self.register_buffer("k_cache", torch.zeros(shape))
@@ -160,19 +161,18 @@ class WhisperDecoderEngine(nn.Module):
         self.d_model = cfg.d_model
         self.n_ctx = cfg.max_target_positions
         self.precision = precision
-        self.step = DecoderStep(hf_model, head_ids)
+        rescore = RESCORE_TOP if precision == "int8" else 0
+        self.step = DecoderStep(hf_model, head_ids, rescore)
         _cast(self.step, precision)
-        if precision == "int8":
-            self.step.rescore = RESCORE_TOP
         prefill = None
         if precision == "int8":  # per-row activation ranges (invariant_int8)
             if not invariant:
                 # Plain int8 still reads multi-row prompts (up to ~100 tokens of previous text)
                 # with per-row ranges: fbgemm's one scale for all rows was the coarsest
                 # rounding of the step (a word lost on a real clip, measured).
-                prefill = DecoderStep(hf_model, head_ids)
+                prefill = DecoderStep(hf_model, head_ids, rescore)
                 _cast(prefill, precision)
-                prefill.rescore = RESCORE_TOP
+                prefill.exact_head = self.step.exact_head  # one fp32 head copy for both
             make_invariant(prefill or self.step)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self._audio: torch.Tensor | None = None
