@@ -172,8 +172,14 @@ class WhisperDecoderEngine(nn.Module):
                 # rounding of the step (a word lost on a real clip, measured).
                 prefill = DecoderStep(hf_model, head_ids, rescore)
                 _cast(prefill, precision)
-                prefill.exact_head = self.step.exact_head  # one fp32 head copy for both
-            make_invariant(prefill or self.step)
+                # One copy of the fp32 tensors and one KV cache, read and written by both.
+                for name in ("positions", "exact_head", "k_cache", "v_cache"):
+                    setattr(prefill, name, getattr(self.step, name))
+                prefill.embed = self.step.embed
+            make_invariant(prefill if prefill is not None else self.step)
+        # Which arithmetic runs: the judge's transcript cache keys on it.
+        self.numerics = precision if precision != "int8" else \
+            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self._audio: torch.Tensor | None = None
         self.eval()
@@ -183,8 +189,6 @@ class WhisperDecoderEngine(nn.Module):
             warnings.simplefilter("ignore", FutureWarning)
             self._run = torch.jit.script(self.step)
             self._prefill = torch.jit.script(prefill.eval()) if prefill is not None else None
-        if self._prefill is not None:  # one KV cache, written by both
-            self._prefill.k_cache, self._prefill.v_cache = self._run.k_cache, self._run.v_cache
 
     @property
     def embed(self) -> nn.Embedding:

@@ -45,9 +45,6 @@ class FastWhisper:
         if invariant is None:
             invariant = drafter != "none"
         self.engine = WhisperDecoderEngine(hf_model, precision, self.ct2.vocab, invariant)
-        # Which arithmetic the engine runs: the judge's transcript cache keys on it.
-        self.numerics = precision if precision != "int8" else \
-            "int8-per-row-rescore16" if invariant else "int8-per-channel-per-row-prompt-rescore16"
         del hf_model
         self.drafter_name = drafter
         self.draft_model = draft_model

@@ -130,7 +130,7 @@ class CachedASR:
             self.asr = FastWhisper(parsed.model, threads=threads, precision=compute_type,
                                    encoder=parsed.encoder)
             resolved = self.asr.ct2.resolved
-            compute_type = self.asr.numerics
+            compute_type = self.asr.engine.numerics
         else:
             self.asr = CT2Whisper(parsed.model, threads=threads, compute_type=compute_type,
                                   encoder=parsed.encoder)
@@ -187,11 +187,12 @@ def build_eval_audio(
 
 @dataclass
 class Pack:
-    """Several utterances in one window, with silence between: Whisper pays for a full 30 s
-    window whatever it holds, so packing short TTS sentences makes the judge ~8x cheaper."""
+    """Several utterances of one voice in one window, with silence between: Whisper pays for
+    a full 30 s window whatever it holds, so packing short TTS sentences makes the judge ~8x
+    cheaper."""
 
     audio: np.ndarray
-    members: list[tuple[EvalAudio, float, float]]  # utterance, start s, end s
+    members: list[EvalAudio]
 
 
 def pack(items: list[EvalAudio], max_seconds: float = 24.0, gap: float = 1.5) -> list[Pack]:
@@ -200,16 +201,16 @@ def pack(items: list[EvalAudio], max_seconds: float = 24.0, gap: float = 1.5) ->
     silence = np.zeros(int(gap * SAMPLE_RATE), dtype=np.float32)
     packs: list[Pack] = []
     pieces: list[np.ndarray] = []
-    members: list[tuple[EvalAudio, float, float]] = []
-    cursor = 0.0
+    members: list[EvalAudio] = []
+    seconds = 0.0
     for item in items:
         length = len(item.audio) / SAMPLE_RATE
-        if members and (cursor + gap + length > max_seconds or members[0][0].voice != item.voice):
+        if members and (seconds + gap + length > max_seconds or members[0].voice != item.voice):
             packs.append(Pack(np.concatenate([*pieces, silence]), members))
-            pieces, members, cursor = [], [], 0.0
+            pieces, members, seconds = [], [], 0.0
         pieces += [silence, item.audio]
-        members.append((item, cursor + gap, cursor + gap + length))
-        cursor += gap + length
+        members.append(item)
+        seconds += gap + length
     if members:
         packs.append(Pack(np.concatenate([*pieces, silence]), members))
     return packs
@@ -221,8 +222,7 @@ def score(asr: CachedASR, items: list[EvalAudio], desc: str = "") -> list[Uttera
     Whisper puts segment boundaries in the silences is a near-tie: giving segments back to
     single sentences counted a segment spanning two of them as insertions in one and
     deletions in the other (up to 8 errors for correctly recognised words, measured)."""
-    jobs = [(p.audio, [m[0] for m in p.members]) for p in pack([i for i in items
-                                                                   if i.set == "tts"])]
+    jobs = [(p.audio, p.members) for p in pack([i for i in items if i.set == "tts"])]
     jobs += [(i.audio, [i]) for i in items if i.set != "tts"]
     utterances = []
     for audio, members in tqdm(jobs, desc=desc or asr.spec, leave=False):
