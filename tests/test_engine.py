@@ -145,7 +145,8 @@ def fast_plain_int8():
 def test_plain_int8_greedy_holds_wer_on_real_speech(fast_plain_int8, clips, clip):
     """The default int8 numerics (per-channel weights, per-row prompt ranges, exact re-scoring
     of the head's top candidates): with fbgemm's per-tensor defaults beckett gained a
-    hallucinated "Fail again." (16.7 % WER); faster-whisper gets two_cities at 2.5 %."""
+    hallucinated "Fail again." (16.7 % WER). The bound is faster-whisper's worst clip:
+    two_cities at 3 errors in 119 words (2.52 %); the others it gets exactly."""
     options = DecodingOptions(language="en", window_pad=2)
     text = fast_plain_int8.transcribe(clips[clip].audio, options).text
-    assert wer(clips[clip].reference, text) <= 0.025, text
+    assert wer(clips[clip].reference, text) <= 3 / 119, text

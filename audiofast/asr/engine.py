@@ -13,7 +13,10 @@ each row its own range (:mod:`audiofast.asr.invariant_int8`) and ``rowwise`` cal
 attention row by row, so k rows at once equal k single rows bit for bit.
 """
 
+import copy
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -22,6 +25,8 @@ from torch import nn
 
 from audiofast.asr.invariant_int8 import make_invariant
 from audiofast.asr.vocab_diet import DietVocab
+from audiofast.models.ct2_reader import read_ct2_model
+from audiofast.models.ct2_whisper_weights import whisper_state_dict
 
 Precision = Literal["fp32", "bf16", "int8"]
 
@@ -30,44 +35,71 @@ Precision = Literal["fp32", "bf16", "int8"]
 RESCORE_TOP = 16
 
 
+@dataclass
+class DecoderWeights:
+    """Whisper's decoder tensors under Hugging Face's names, minus the ``model.decoder.``
+    prefix (``head`` is the output projection), and its head count."""
+
+    state: dict[str, torch.Tensor]
+    head: torch.Tensor
+    n_heads: int
+
+    @classmethod
+    def from_hf(cls, model) -> "DecoderWeights":
+        """From a ``WhisperForConditionalGeneration`` (a drafter, a vocab-diet checkpoint)."""
+        prefix = "model.decoder."
+        state = {k[len(prefix):]: v.detach() for k, v in model.state_dict().items()
+                 if k.startswith(prefix)}
+        return cls(state, model.proj_out.weight.detach(), model.config.decoder_attention_heads)
+
+    @classmethod
+    def from_ct2(cls, ct2_dir: str | Path) -> "DecoderWeights":
+        """Straight from a CTranslate2 folder: no transformers import, no encoder tensors."""
+        ct2 = read_ct2_model(Path(ct2_dir) / "model.bin")
+        prefix = "model.decoder."
+        state = {k[len(prefix):]: v for k, v in whisper_state_dict(ct2, encoder=False).items()}
+        return cls(state, state["embed_tokens.weight"], ct2.scalar("decoder/num_heads"))
+
+    def linear(self, *names: str) -> nn.Linear:
+        """One Linear computing the named projections of the same input, stacked (a missing
+        bias - Whisper's K projections - is zero)."""
+        weight = torch.cat([self.state[f"{n}.weight"] for n in names])
+        bias = torch.cat([self.state.get(f"{n}.bias", torch.zeros(self.state[f"{n}.weight"]
+                                                                  .shape[0])) for n in names])
+        return _linear(weight, bias)
+
+    def layer_norm(self, name: str) -> nn.LayerNorm:
+        norm = nn.LayerNorm(self.state[f"{name}.weight"].shape[0])
+        norm.weight.data.copy_(self.state[f"{name}.weight"])
+        norm.bias.data.copy_(self.state[f"{name}.bias"])
+        return norm
+
+
 def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-    layer.weight.data.copy_(weight)
+    """A Linear holding copies of these tensors (built 1 x 1 and resized: a full-size one
+    spends ~1 s of start-up drawing random weights that are then overwritten)."""
+    layer = nn.Linear(1, 1, bias=bias is not None)
+    layer.out_features, layer.in_features = weight.shape
+    layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
     if bias is not None:
-        layer.bias.data.copy_(bias)
+        layer.bias = nn.Parameter(bias.clone(), requires_grad=False)
     return layer
 
 
-def _fuse(*linears: nn.Linear) -> nn.Linear:
-    """One Linear computing several projections of the same input (zero bias where absent)."""
-    weight = torch.cat([lin.weight.detach() for lin in linears])
-    bias = torch.cat([
-        lin.bias.detach() if lin.bias is not None else torch.zeros(lin.out_features)
-        for lin in linears
-    ])
-    return _linear(weight, bias)
-
-
-def _layer_norm(ln: nn.LayerNorm) -> nn.LayerNorm:
-    out = nn.LayerNorm(ln.normalized_shape, eps=ln.eps)
-    out.load_state_dict(ln.state_dict())
-    return out
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, hf_layer):
+    def __init__(self, weights: DecoderWeights, i: int):
         super().__init__()
-        sa, ca = hf_layer.self_attn, hf_layer.encoder_attn
-        self.self_ln = _layer_norm(hf_layer.self_attn_layer_norm)
-        self.qkv = _fuse(sa.q_proj, sa.k_proj, sa.v_proj)
-        self.self_out = _linear(sa.out_proj.weight.detach(), sa.out_proj.bias.detach())
-        self.cross_ln = _layer_norm(hf_layer.encoder_attn_layer_norm)
-        self.cross_q = _linear(ca.q_proj.weight.detach(), ca.q_proj.bias.detach())
-        self.cross_kv = _fuse(ca.k_proj, ca.v_proj)
-        self.cross_out = _linear(ca.out_proj.weight.detach(), ca.out_proj.bias.detach())
-        self.ffn_ln = _layer_norm(hf_layer.final_layer_norm)
-        self.fc1 = _linear(hf_layer.fc1.weight.detach(), hf_layer.fc1.bias.detach())
-        self.fc2 = _linear(hf_layer.fc2.weight.detach(), hf_layer.fc2.bias.detach())
+        sa, ca = f"layers.{i}.self_attn", f"layers.{i}.encoder_attn"
+        self.self_ln = weights.layer_norm(f"layers.{i}.self_attn_layer_norm")
+        self.qkv = weights.linear(f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj")
+        self.self_out = weights.linear(f"{sa}.out_proj")
+        self.cross_ln = weights.layer_norm(f"layers.{i}.encoder_attn_layer_norm")
+        self.cross_q = weights.linear(f"{ca}.q_proj")
+        self.cross_kv = weights.linear(f"{ca}.k_proj", f"{ca}.v_proj")
+        self.cross_out = weights.linear(f"{ca}.out_proj")
+        self.ffn_ln = weights.layer_norm(f"layers.{i}.final_layer_norm")
+        self.fc1 = weights.linear(f"layers.{i}.fc1")
+        self.fc2 = weights.linear(f"layers.{i}.fc2")
 
 
 class DecoderStep(nn.Module):
@@ -78,28 +110,42 @@ class DecoderStep(nn.Module):
     cross_k: list[torch.Tensor]
     cross_v: list[torch.Tensor]
 
-    def __init__(self, hf_model, head_ids: torch.Tensor | None, rescore: int = 0):
+    def __init__(self, weights: DecoderWeights, head_ids: torch.Tensor | None, rescore: int = 0):
         """``rescore`` > 0: after an int8 head, that many top logits are recomputed exactly
         from an fp32 copy of the head (see forward)."""
         super().__init__()
-        decoder = hf_model.model.decoder
-        cfg = hf_model.config
-        self.n_heads: int = cfg.decoder_attention_heads
-        self.embed = nn.Embedding.from_pretrained(decoder.embed_tokens.weight.detach().clone())
-        self.register_buffer("positions", decoder.embed_positions.weight.detach().clone())
-        self.layers = nn.ModuleList(DecoderLayer(layer) for layer in decoder.layers)
-        self.final_ln = _layer_norm(decoder.layer_norm)
-        head = hf_model.proj_out.weight.detach()
-        head = (head if head_ids is None else head[head_ids]).clone()
+        embed, positions = weights.state["embed_tokens.weight"], weights.state[
+            "embed_positions.weight"]
+        self.n_heads: int = weights.n_heads
+        head_dim = embed.shape[1] // self.n_heads
+        self.scale: float = head_dim ** -0.5
+        self.embed = nn.Embedding.from_pretrained(embed.clone())
+        self.register_buffer("positions", positions.clone())
+        n_layers = 1 + max(int(k.split(".")[1]) for k in weights.state if k.startswith("layers."))
+        self.layers = nn.ModuleList(DecoderLayer(weights, i) for i in range(n_layers))
+        self.final_ln = weights.layer_norm("layer_norm")
+        head = (weights.head if head_ids is None else weights.head[head_ids]).clone()
         self.lm_head = _linear(head, None)
         self.rescore: int = rescore
         self.register_buffer("exact_head", head if rescore else torch.empty(0, head.shape[1]))
-        shape = (len(self.layers), 1, self.n_heads, cfg.max_target_positions,
-                 cfg.d_model // self.n_heads)
+        shape = (n_layers, 1, self.n_heads, positions.shape[0], head_dim)
         self.register_buffer("k_cache", torch.zeros(shape))
         self.register_buffer("v_cache", torch.zeros(shape))
         self.cross_k = []
         self.cross_v = []
+
+    def sharing_copy(self) -> "DecoderStep":
+        """Another step over the same tensors, modules and KV cache, whose submodules can then
+        be swapped without touching this one's (shallow module tables all the way down)."""
+        other = copy.copy(self)
+        other._modules = dict(self._modules)
+        layers = []
+        for layer in self.layers:
+            shell = copy.copy(layer)
+            shell._modules = dict(layer._modules)
+            layers.append(shell)
+        other.layers = nn.ModuleList(layers)
+        return other
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """(n, d) -> (1, heads, n, head_dim)."""
@@ -118,6 +164,18 @@ class DecoderStep(nn.Module):
                 q[:, :, r : r + 1], k[:, :, :keys], v[:, :, :keys]))
         return torch.cat(rows, dim=2)
 
+    def _cross_attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
+                      rowwise: bool) -> torch.Tensor:
+        """Attention over the window's frames: q (heads, n, head_dim), pre-scaled; keys stored
+        transposed (heads, head_dim, frames) and values (heads, frames, head_dim), in the
+        storage precision, widened here (see WhisperDecoderEngine.set_audio)."""
+        keys_t, values = keys_t.to(q.dtype), values.to(q.dtype)
+        if not rowwise:
+            return torch.bmm(torch.bmm(q, keys_t).softmax(-1), values)
+        rows = [torch.bmm(torch.bmm(q[:, r : r + 1], keys_t).softmax(-1), values)
+                for r in range(q.shape[1])]
+        return torch.cat(rows, dim=1)
+
     def forward(self, tokens: torch.Tensor, start: int, rowwise: bool, last: int) -> torch.Tensor:
         n = tokens.shape[0]
         end = start + n
@@ -132,9 +190,9 @@ class DecoderStep(nn.Module):
             attn = self._attend(self._heads(q), self.k_cache[i, :, :, :end],
                                 self.v_cache[i, :, :, :end], causal, start, rowwise)
             x = x + layer.self_out(attn.transpose(1, 2).reshape(n, -1))
-            q = self._heads(layer.cross_q(layer.cross_ln(x)))
-            attn = self._attend(q, self.cross_k[i], self.cross_v[i], None, -1, rowwise)
-            x = x + layer.cross_out(attn.transpose(1, 2).reshape(n, -1))
+            q = self._heads(layer.cross_q(layer.cross_ln(x)))[0] * self.scale
+            attn = self._cross_attend(q, self.cross_k[i], self.cross_v[i], rowwise)
+            x = x + layer.cross_out(attn.transpose(0, 1).reshape(n, -1))
             x = x + layer.fc2(F.gelu(layer.fc1(layer.ffn_ln(x))))
         if last > 0:  # logits of the last rows only (a prompt needs 1-3 of its ~100 rows)
             x = x[n - last :]
@@ -151,36 +209,39 @@ class DecoderStep(nn.Module):
 class WhisperDecoderEngine(nn.Module):
     """Whisper's text decoder with a static KV cache, for one audio window at a time."""
 
-    def __init__(self, hf_model, precision: Precision = "int8", vocab: DietVocab | None = None,
-                 invariant: bool = False, head_ids: torch.Tensor | None = None):
-        """``head_ids``: a drafter's cut head - logits only for these ids, in their order."""
+    def __init__(self, model: DecoderWeights | nn.Module, precision: Precision = "int8",
+                 vocab: DietVocab | None = None, invariant: bool = False,
+                 head_ids: torch.Tensor | None = None):
+        """``model``: the decoder's weights, or a Hugging Face Whisper to take them from;
+        ``head_ids``: a drafter's cut head - logits only for these ids, in their order."""
         super().__init__()
+        weights = model if isinstance(model, DecoderWeights) else DecoderWeights.from_hf(model)
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
-        cfg = hf_model.config
-        self.n_heads = cfg.decoder_attention_heads
-        self.d_model = cfg.d_model
-        self.n_ctx = cfg.max_target_positions
+        self.n_heads = weights.n_heads
+        self.n_ctx, self.d_model = weights.state["embed_positions.weight"].shape
         self.precision = precision
         rescore = RESCORE_TOP if precision == "int8" else 0
-        self.step = DecoderStep(hf_model, head_ids, rescore)
+        self.step = DecoderStep(weights, head_ids, rescore)
         _cast(self.step, precision)
         prefill = None
         if precision == "int8":  # per-row activation ranges (invariant_int8)
             if not invariant:
                 # Plain int8 still reads multi-row prompts (up to ~100 tokens of previous text)
                 # with per-row ranges: fbgemm's one scale for all rows was the coarsest
-                # rounding of the step (a word lost on a real clip, measured).
-                prefill = DecoderStep(hf_model, head_ids, rescore)
-                _cast(prefill, precision)
-                # One copy of the fp32 tensors and one KV cache, read and written by both.
-                for name in ("positions", "exact_head", "k_cache", "v_cache"):
-                    setattr(prefill, name, getattr(self.step, name))
-                prefill.embed = self.step.embed
+                # rounding of the step (a word lost on a real clip, measured). Same weights,
+                # norms and KV cache as the step; it runs eager (once per window, on many
+                # rows: scripting it cost ~1 s of start-up and saved ~3 ms a window).
+                prefill = self.step.sharing_copy()
             make_invariant(prefill if prefill is not None else self.step)
         # Which arithmetic runs: the judge's transcript cache keys on it.
         self.numerics = precision if precision != "int8" else \
-            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
+            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}" \
+            "-kv16"
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
+        # than L3): int8 keeps them in fp16 and widens them per layer, 3.1 -> 2.1 ms per token
+        # for the 6 layers (measured), with ~1e-4 relative rounding, below int8's elsewhere.
+        self.kv_dtype = torch.float16 if precision == "int8" else self.dtype
         self._audio: torch.Tensor | None = None
         self.eval()
         # TorchScript is deprecated in favour of torch.compile, but here torch.compile was
@@ -188,7 +249,7 @@ class WhisperDecoderEngine(nn.Module):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             self._run = torch.jit.script(self.step)
-            self._prefill = torch.jit.script(prefill.eval()) if prefill is not None else None
+        self._prefill = prefill
 
     @property
     def embed(self) -> nn.Embedding:
@@ -216,8 +277,8 @@ class WhisperDecoderEngine(nn.Module):
         cross_k, cross_v = [], []
         for layer in self.step.layers:
             k, v = layer.cross_kv(enc).chunk(2, dim=-1)
-            cross_k.append(self.step._heads(k).contiguous())
-            cross_v.append(self.step._heads(v).contiguous())
+            cross_k.append(self.step._heads(k)[0].transpose(1, 2).to(self.kv_dtype).contiguous())
+            cross_v.append(self.step._heads(v)[0].to(self.kv_dtype).contiguous())
         self._run.cross_k, self._run.cross_v = cross_k, cross_v
         if self._prefill is not None:
             self._prefill.cross_k, self._prefill.cross_v = cross_k, cross_v

@@ -9,15 +9,13 @@ import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import Drafter, LogitRules, greedy_decode, sample_decode
-from audiofast.asr.drafters.model import ModelDrafter
 from audiofast.asr.drafters.ngram import NgramDrafter
-from audiofast.asr.engine import Precision, WhisperDecoderEngine
+from audiofast.asr.engine import DecoderWeights, Precision, WhisperDecoderEngine
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
 from audiofast.asr.types import Transcription
 from audiofast.audio import AudioSource, load_audio
-from audiofast.models.ct2_to_hf import whisper_from_ct2
 
 
 class FastWhisper:
@@ -38,17 +36,17 @@ class FastWhisper:
         if self.ct2.vocab is not None:  # a vocab-diet export: its HF checkpoint sits in hf/
             from transformers import WhisperForConditionalGeneration
 
-            hf_model = WhisperForConditionalGeneration.from_pretrained(
-                self.ct2.resolved.ct2_dir / "hf")
+            weights = DecoderWeights.from_hf(WhisperForConditionalGeneration.from_pretrained(
+                self.ct2.resolved.ct2_dir / "hf"))
         else:
-            hf_model, _ = whisper_from_ct2(self.ct2.resolved.ct2_dir)
+            weights = DecoderWeights.from_ct2(self.ct2.resolved.ct2_dir)
         if invariant is None:
             invariant = drafter != "none"
-        self.engine = WhisperDecoderEngine(hf_model, precision, self.ct2.vocab, invariant)
-        del hf_model
+        self.engine = WhisperDecoderEngine(weights, precision, self.ct2.vocab, invariant)
+        del weights
         self.drafter_name = drafter
         self.draft_model = draft_model
-        self._model_drafter: ModelDrafter | None = None
+        self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
         self.seed = seed
         self.generator = torch.Generator()
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
@@ -63,6 +61,8 @@ class FastWhisper:
                 raise ValueError("--drafter model needs --draft-model DIR "
                                  "(train one: audiofast distill --stage drafter)")
             if self._model_drafter is None:  # loaded once, its cache reset every window
+                from audiofast.asr.drafters.model import ModelDrafter
+
                 self._model_drafter = ModelDrafter(
                     self.draft_model, self.engine.precision, special_from=self.tokenizer.eot,
                     timestamps_from=self.tokenizer.timestamp_begin)
@@ -102,7 +102,7 @@ class FastWhisper:
         rules = self.rules(options, prompt)
         if temperature == 0:
             drafter = self.make_drafter()
-            if isinstance(drafter, ModelDrafter):
+            if drafter is not None and drafter is self._model_drafter:
                 drafter.set_audio(encoded)
             out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens, drafter)
         else:

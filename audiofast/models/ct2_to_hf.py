@@ -1,17 +1,14 @@
 """CTranslate2 Whisper -> Hugging Face ``WhisperForConditionalGeneration`` (+ processor).
 
-CTranslate2 fuses projections that transformers keeps apart (self-attention Q/K/V in one
-matrix, cross-attention K/V in another) and stores a zero bias for K, which Whisper does not
-have. The mapping below undoes that; everything else is a rename.
+The weight renaming lives in :mod:`audiofast.models.ct2_whisper_weights`; this module adds
+the config, generation config and processor transformers needs.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import (
     GenerationConfig,
@@ -23,70 +20,7 @@ from transformers import (
 )
 
 from audiofast.models.ct2_reader import CT2FormatError, CT2Model, read_ct2_model
-
-
-def _linear(ct2: CT2Model, src: str, dst: str, out: dict[str, np.ndarray]) -> None:
-    out[f"{dst}.weight"] = ct2.float_weight(f"{src}/weight")
-    if f"{src}/bias" in ct2:
-        out[f"{dst}.bias"] = ct2[f"{src}/bias"].astype(np.float32)
-
-
-def _norm(ct2: CT2Model, src: str, dst: str, out: dict[str, np.ndarray]) -> None:
-    out[f"{dst}.weight"] = ct2[f"{src}/gamma"].astype(np.float32)
-    out[f"{dst}.bias"] = ct2[f"{src}/beta"].astype(np.float32)
-
-
-def _split(ct2: CT2Model, src: str, dsts: list[str | None], out: dict[str, np.ndarray]) -> None:
-    """Split a fused projection along its output rows; ``k_proj`` gets no bias."""
-    weights = np.split(ct2.float_weight(f"{src}/weight"), len(dsts))
-    biases = np.split(ct2[f"{src}/bias"].astype(np.float32), len(dsts))
-    for dst, weight, bias in zip(dsts, weights, biases, strict=True):
-        out[f"{dst}.weight"] = weight
-        if dst.endswith("k_proj"):
-            if np.abs(bias).max() > 0:
-                raise CT2FormatError(f"{src}: non-zero key bias, not a Whisper checkpoint")
-        else:
-            out[f"{dst}.bias"] = bias
-
-
-def _layer_count(ct2: CT2Model, stack: str) -> int:
-    return len({m.group(1) for n in ct2.variables if (m := re.match(rf"{stack}/layer_(\d+)/", n))})
-
-
-def whisper_state_dict(ct2: CT2Model) -> dict[str, torch.Tensor]:
-    sd: dict[str, np.ndarray] = {}
-    for conv in ("conv1", "conv2"):
-        _linear(ct2, f"encoder/{conv}", f"model.encoder.{conv}", sd)
-    sd["model.encoder.embed_positions.weight"] = ct2["encoder/position_encodings/encodings"]
-    for i in range(_layer_count(ct2, "encoder")):
-        src, dst = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        _split(ct2, f"{src}/self_attention/linear_0",
-               [f"{dst}.self_attn.{p}_proj" for p in "qkv"], sd)
-        _linear(ct2, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", sd)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", sd)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
-    _norm(ct2, "encoder/layer_norm", "model.encoder.layer_norm", sd)
-
-    sd["model.decoder.embed_tokens.weight"] = ct2.float_weight("decoder/embeddings/weight")
-    sd["model.decoder.embed_positions.weight"] = ct2["decoder/position_encodings/encodings"]
-    for i in range(_layer_count(ct2, "decoder")):
-        src, dst = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        _split(ct2, f"{src}/self_attention/linear_0",
-               [f"{dst}.self_attn.{p}_proj" for p in "qkv"], sd)
-        _linear(ct2, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", sd)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", sd)
-        _linear(ct2, f"{src}/attention/linear_0", f"{dst}.encoder_attn.q_proj", sd)
-        _split(ct2, f"{src}/attention/linear_1",
-               [f"{dst}.encoder_attn.k_proj", f"{dst}.encoder_attn.v_proj"], sd)
-        _linear(ct2, f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj", sd)
-        _norm(ct2, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm", sd)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
-    _norm(ct2, "decoder/layer_norm", "model.decoder.layer_norm", sd)
-    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
+from audiofast.models.ct2_whisper_weights import layer_count, whisper_state_dict
 
 
 def _whisper_config(ct2: CT2Model, tokenizer: WhisperTokenizer, ct2_config: dict) -> WhisperConfig:
@@ -96,8 +30,8 @@ def _whisper_config(ct2: CT2Model, tokenizer: WhisperTokenizer, ct2_config: dict
         vocab_size=vocab_size,
         num_mel_bins=ct2["encoder/conv1/weight"].shape[1],
         d_model=d_model,
-        encoder_layers=_layer_count(ct2, "encoder"),
-        decoder_layers=_layer_count(ct2, "decoder"),
+        encoder_layers=layer_count(ct2, "encoder"),
+        decoder_layers=layer_count(ct2, "decoder"),
         encoder_attention_heads=ct2.scalar("encoder/num_heads"),
         decoder_attention_heads=ct2.scalar("decoder/num_heads"),
         encoder_ffn_dim=ct2["encoder/layer_0/ffn/linear_0/weight"].shape[0],
