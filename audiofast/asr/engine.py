@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audiofast.asr.invariant_int8 import make_invariant
+from audiofast.asr import kernels
+from audiofast.asr.invariant_int8 import make_invariant, quantize_per_channel
 from audiofast.asr.vocab_diet import DietVocab
 from audiofast.models.ct2_reader import read_ct2_model
 from audiofast.models.ct2_whisper_weights import whisper_state_dict
@@ -164,15 +165,20 @@ class DecoderStep(nn.Module):
                 q[:, :, r : r + 1], k[:, :, :keys], v[:, :, :keys]))
         return torch.cat(rows, dim=2)
 
-    def _cross_attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
+    def _cross_attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       rowwise: bool) -> torch.Tensor:
-        """Attention over the window's frames: q (heads, n, head_dim), pre-scaled; keys stored
-        transposed (heads, head_dim, frames) and values (heads, frames, head_dim), in the
-        storage precision, widened here (see WhisperDecoderEngine.set_audio)."""
-        keys_t, values = keys_t.to(q.dtype), values.to(q.dtype)
+        """Attention over the window's frames: q (heads, n, head_dim), pre-scaled; keys and
+        values (heads, frames, head_dim). fp16 keys and values (int8 engines): one row at a
+        time through the fused kernel (kernels/), which widens each frame as it reads it;
+        a multi-row prompt read widens them once and multiplies. A row's result never
+        depends on the rows beside it here, as ``rowwise`` requires."""
+        if keys.dtype == torch.float16 and (rowwise or q.shape[1] == 1):
+            return torch.stack([torch.ops.audiofast.cross_attention(q[:, r], keys, values)
+                                for r in range(q.shape[1])], dim=1)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
         if not rowwise:
-            return torch.bmm(torch.bmm(q, keys_t).softmax(-1), values)
-        rows = [torch.bmm(torch.bmm(q[:, r : r + 1], keys_t).softmax(-1), values)
+            return torch.bmm(torch.bmm(q, keys.transpose(1, 2)).softmax(-1), values)
+        rows = [torch.bmm(torch.bmm(q[:, r : r + 1], keys.transpose(1, 2)).softmax(-1), values)
                 for r in range(q.shape[1])]
         return torch.cat(rows, dim=1)
 
@@ -233,15 +239,19 @@ class WhisperDecoderEngine(nn.Module):
                 # rows: scripting it cost ~1 s of start-up and saved ~3 ms a window).
                 prefill = self.step.sharing_copy()
             make_invariant(prefill if prefill is not None else self.step)
-        # Which arithmetic runs: the judge's transcript cache keys on it.
-        self.numerics = precision if precision != "int8" else \
-            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}" \
-            "-kv16"
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
-        # than L3): int8 keeps them in fp16 and widens them per layer, 3.1 -> 2.1 ms per token
-        # for the 6 layers (measured), with ~1e-4 relative rounding, below int8's elsewhere.
-        self.kv_dtype = torch.float16 if precision == "int8" else self.dtype
+        # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere)
+        # and reads them with the fused kernel: a step at 1500 frames 9.2 -> 8.0 ms (median,
+        # interleaved A/B); widening them with .to() first saved nothing.
+        fp16_kv = precision == "int8" and self.d_model // self.n_heads == 64
+        self.kv_dtype = torch.float16 if fp16_kv else self.dtype
+        # Which arithmetic runs: the judge's transcript cache keys on it.
+        self.numerics = precision if precision != "int8" else \
+            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
+        kernel = kernels.backend()  # the step's code names the op: registered before scripting
+        if fp16_kv:
+            self.numerics += f"-kv16-{kernel}"
         self._audio: torch.Tensor | None = None
         self.eval()
         # TorchScript is deprecated in favour of torch.compile, but here torch.compile was
@@ -277,7 +287,7 @@ class WhisperDecoderEngine(nn.Module):
         cross_k, cross_v = [], []
         for layer in self.step.layers:
             k, v = layer.cross_kv(enc).chunk(2, dim=-1)
-            cross_k.append(self.step._heads(k)[0].transpose(1, 2).to(self.kv_dtype).contiguous())
+            cross_k.append(self.step._heads(k)[0].to(self.kv_dtype).contiguous())
             cross_v.append(self.step._heads(v)[0].to(self.kv_dtype).contiguous())
         self._run.cross_k, self._run.cross_v = cross_k, cross_v
         if self._prefill is not None:
@@ -317,16 +327,12 @@ def _cast(step: DecoderStep, precision: Precision) -> None:
     if precision == "bf16":
         step.to(torch.bfloat16)
     elif precision == "int8":
-        with warnings.catch_warnings():  # torch.ao's eager API is deprecated, still fastest
-            warnings.simplefilter("ignore")
-            # One weight scale per output channel: with fbgemm's per-tensor default, plain
-            # greedy added a hallucinated sentence to beckett.wav (WER 0 -> 16.7 %); per
-            # channel costs nothing measurable and gave 0.8 / 0 / 0 / 0 % on the real clips.
-            # cross_kv stays fp32: it runs once per window over every encoder frame, and one
-            # activation scale for all 1500 frames quantized quiet frames coarsely.
-            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-            spec = {name: qconfig for name, module in step.named_modules()
-                    if isinstance(module, nn.Linear) and not name.endswith("cross_kv")}
-            torch.ao.quantization.quantize_dynamic(step, spec, inplace=True)
+        # cross_kv stays fp32: it runs once per window over every encoder frame, and one
+        # activation scale for all 1500 frames quantized quiet frames coarsely.
+        for name, module in list(step.named_modules()):
+            if isinstance(module, nn.Linear) and not name.endswith("cross_kv"):
+                parent, _, attr = name.rpartition(".")
+                setattr(step.get_submodule(parent) if parent else step, attr,
+                        quantize_per_channel(module))
     elif precision != "fp32":
         raise ValueError(f"precision must be fp32, bf16 or int8, not {precision!r}")

@@ -1,0 +1,83 @@
+"""Our one C++ kernel: ``torch.ops.audiofast.cross_attention`` (see cross_attention.cpp).
+
+Built on first use with the system compiler (``torch.utils.cpp_extension``, ~1 min, once per
+torch version; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
+built - no compiler, or a CPU without AVX2/F16C - the same op is registered with a PyTorch
+implementation, so the decoder runs everywhere; :func:`backend` says which one is live
+(the judge's transcript cache keys on it, since the two round differently).
+
+``python -m audiofast.asr.kernels`` builds it and prints the backend.
+"""
+
+import os
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cross_attention.cpp")
+_backend: str | None = None
+_fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
+
+
+def _cpu_supports_kernel() -> bool:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma", "f16c"} <= set(flags)
+
+
+def _build() -> None:
+    from torch.utils.cpp_extension import load
+
+    from audiofast.models.packaged import cache_dir
+
+    folder = cache_dir() / "kernels" / f"torch-{torch.__version__}"
+    built = folder / "audiofast_kernels.so"
+    if built.is_file() and built.stat().st_mtime > SOURCE.stat().st_mtime:
+        torch.ops.load_library(built)  # skips ninja's up-to-date check (~1 s)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    load(name="audiofast_kernels", sources=[str(SOURCE)], build_directory=str(folder),
+         extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], is_python_module=False)
+
+
+def _cross_attention_torch(q: torch.Tensor, keys: torch.Tensor,
+                           values: torch.Tensor) -> torch.Tensor:
+    probs = torch.einsum("hd,htd->ht", q, keys.to(q.dtype)).softmax(-1)
+    return torch.einsum("ht,htd->hd", probs, values.to(q.dtype))
+
+
+def _register_torch_fallback() -> None:
+    global _fallback
+    _fallback = torch.library.Library("audiofast", "DEF")
+    _fallback.define("cross_attention(Tensor q, Tensor keys, Tensor values) -> Tensor")
+    _fallback.impl("cross_attention", _cross_attention_torch, "CPU")
+
+
+def backend() -> str:
+    """Make ``torch.ops.audiofast.cross_attention`` available: "avx2" (the C++ kernel) or
+    "torch" (the fallback). ``AUDIOFAST_KERNELS=torch`` forces the fallback."""
+    global _backend
+    if _backend is not None:
+        return _backend
+    reason = None
+    if os.environ.get("AUDIOFAST_KERNELS") == "torch":
+        reason = "AUDIOFAST_KERNELS=torch"
+    elif not _cpu_supports_kernel():
+        reason = "this CPU lacks AVX2/FMA/F16C"
+    else:
+        try:
+            _build()
+        except Exception as err:  # no compiler, headers or ninja: run, slower, without it
+            reason = f"building it failed ({str(err).splitlines()[0] if str(err) else err!r})"
+    if reason is None:
+        _backend = "avx2"
+    else:
+        warnings.warn(f"audiofast: C++ cross-attention kernel not used: {reason}; "
+                      "decoding with the PyTorch fallback", stacklevel=2)
+        _register_torch_fallback()
+        _backend = "torch"
+    return _backend
