@@ -246,8 +246,9 @@ class WhisperDecoderEngine(nn.Module):
         # interleaved A/B); widening them with .to() first saved nothing.
         fp16_kv = precision == "int8" and self.d_model // self.n_heads == 64
         self.kv_dtype = torch.float16 if fp16_kv else self.dtype
-        # Which arithmetic runs: the judge's transcript cache keys on it.
-        self.numerics = precision if precision != "int8" else \
+        # Which arithmetic runs: the judge's transcript cache keys on it. ("cross-bmm": cross-
+        # attention by two matmuls since the fused kernel came; SDPA before.)
+        self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
             f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
         kernel = kernels.backend()  # the step's code names the op: registered before scripting
         if fp16_kv:
