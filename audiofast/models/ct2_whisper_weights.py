@@ -55,18 +55,12 @@ def whisper_state_dict(ct2: CT2Model, encoder: bool = True) -> dict[str, torch.T
     sd["model.decoder.embed_positions.weight"] = ct2["decoder/position_encodings/encodings"]
     for i in range(layer_count(ct2, "decoder")):
         src, dst = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        _split(ct2, f"{src}/self_attention/linear_0",
-               [f"{dst}.self_attn.{p}_proj" for p in "qkv"], sd)
-        _linear(ct2, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", sd)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", sd)
+        _self_attention_and_ffn(ct2, src, dst, sd)
         _linear(ct2, f"{src}/attention/linear_0", f"{dst}.encoder_attn.q_proj", sd)
         _split(ct2, f"{src}/attention/linear_1",
                [f"{dst}.encoder_attn.k_proj", f"{dst}.encoder_attn.v_proj"], sd)
         _linear(ct2, f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj", sd)
         _norm(ct2, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm", sd)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
     _norm(ct2, "decoder/layer_norm", "model.decoder.layer_norm", sd)
     return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
 
@@ -76,12 +70,15 @@ def _encoder_state(ct2: CT2Model, sd: dict[str, np.ndarray]) -> None:
         _linear(ct2, f"encoder/{conv}", f"model.encoder.{conv}", sd)
     sd["model.encoder.embed_positions.weight"] = ct2["encoder/position_encodings/encodings"]
     for i in range(layer_count(ct2, "encoder")):
-        src, dst = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        _split(ct2, f"{src}/self_attention/linear_0",
-               [f"{dst}.self_attn.{p}_proj" for p in "qkv"], sd)
-        _linear(ct2, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", sd)
-        _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", sd)
-        _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
-        _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
-        _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
+        _self_attention_and_ffn(ct2, f"encoder/layer_{i}", f"model.encoder.layers.{i}", sd)
     _norm(ct2, "encoder/layer_norm", "model.encoder.layer_norm", sd)
+
+
+def _self_attention_and_ffn(ct2: CT2Model, src: str, dst: str, sd: dict[str, np.ndarray]) -> None:
+    """What encoder and decoder layers share: self-attention and the feed-forward block."""
+    _split(ct2, f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}_proj" for p in "qkv"], sd)
+    _linear(ct2, f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj", sd)
+    _norm(ct2, f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm", sd)
+    _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
+    _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
+    _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
