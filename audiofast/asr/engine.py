@@ -10,7 +10,9 @@ output head takes 16.8 ms per token in fp32 and 1.4 ms in dynamic int8 (CTransla
 ~10.7 ms for the whole token). Plain dynamic int8 picks one activation scale per call, so
 a verified row can round differently from the same row fed alone; ``invariant=True`` gives
 each row its own range (:mod:`audiofast.asr.invariant_int8`) and ``rowwise`` calls run
-attention row by row, so k rows at once equal k single rows bit for bit.
+attention row by row, so k rows at once equal k single rows bit for bit. In int8 the
+window's cross-attention K/V are stored in fp16 and read by a fused C++ op
+(:mod:`audiofast.asr.kernels`): they are the largest read of a token.
 """
 
 import copy
