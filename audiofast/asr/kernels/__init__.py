@@ -30,8 +30,6 @@ def _cpu_supports_kernel() -> bool:
 
 
 def _build() -> None:
-    from torch.utils.cpp_extension import load
-
     from audiofast.models.packaged import cache_dir
 
     folder = cache_dir() / "kernels" / f"torch-{torch.__version__}"
@@ -39,6 +37,8 @@ def _build() -> None:
     if built.is_file() and built.stat().st_mtime > SOURCE.stat().st_mtime:
         torch.ops.load_library(built)  # skips ninja's up-to-date check (~1 s)
         return
+    from torch.utils.cpp_extension import load  # (imported only to build: it is slow)
+
     folder.mkdir(parents=True, exist_ok=True)
     load(name="audiofast_kernels", sources=[str(SOURCE)], build_directory=str(folder),
          extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], is_python_module=False)
