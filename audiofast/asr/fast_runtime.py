@@ -102,7 +102,7 @@ class FastWhisper:
         rules = self.rules(options, prompt)
         if temperature == 0:
             drafter = self.make_drafter()
-            if drafter is not None and drafter is self._model_drafter:
+            if self.drafter_name == "model":  # the draft decoder reads this window too
                 drafter.set_audio(encoded)
             out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens, drafter)
         else:
