@@ -37,7 +37,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
     then any of ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of
-    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto`` (encoder)."""
+    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto`` (encoder),
+    ``+script`` (int8 on the TorchScript step instead of the fused C++ op)."""
     if fast:
         precision, *parts = fast.split("+")
         drafter = next((p for p in parts if p in ("ngram", "model")), "none")
@@ -46,7 +47,7 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
         runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
                               precision=precision, drafter=drafter, draft_model=draft_model,
-                              encoder=encoder)
+                              encoder=encoder, fused="script" not in parts)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = CT2Whisper(model, threads=threads, encoder=spec.encoder)

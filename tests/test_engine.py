@@ -85,16 +85,20 @@ def test_domain_table_drafts_unseen_context():
 
 def test_int8_verification_is_bit_exact_only_with_per_row_ranges(fast_int8):
     """Plain dynamic int8 quantizes a row differently when draft rows share its call; with
-    per-row ranges (and the anchor row) the k-row call equals k one-row calls bit for bit."""
+    per-row ranges (and the anchor row) the k-row call equals k one-row calls bit for bit, and
+    so does the fused C++ decoder (the default int8 engine), by construction."""
     tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
     encoded = fast_int8.encode(torch.zeros(80, 3000) - 0.5)
     hf_model, _ = whisper_from_ct2(fast_int8.ct2.resolved.ct2_dir)
-    dynamic = WhisperDecoderEngine(hf_model, "int8")
-    for engine, exact in ((fast_int8.engine, True), (dynamic, False)):
+    fused = fast_int8.engine
+    assert fused.numerics.startswith("int8-fused")
+    scripted_per_row = WhisperDecoderEngine(hf_model, "int8", invariant=True, fused=False)
+    scripted_dynamic = WhisperDecoderEngine(hf_model, "int8", fused=False)
+    for engine, exact in ((fused, True), (scripted_per_row, True), (scripted_dynamic, False)):
         engine.set_audio(encoded)
         together = engine(tokens, 0, rowwise=True)[4:]
         apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
-        assert torch.equal(together, apart) is exact
+        assert torch.equal(together, apart) is exact, engine.numerics
 
 
 def test_per_row_int8_linear_matches_the_float_linear():
@@ -111,7 +115,8 @@ def test_per_row_int8_linear_matches_the_float_linear():
 
 @pytest.mark.parametrize("clip", ["two_cities", "endgame_nagg_nell", "beckett", "clone-test"])
 def test_int8_drafting_is_lossless(fast_int8, clips, clip, tmp_path_factory):
-    """n-gram and draft-model drafting keep the plain int8 greedy transcript on every clip."""
+    """n-gram and draft-model drafting keep the plain int8 greedy transcript on every clip
+    (on the fused C++ decoder, the int8 default wherever its kernels build)."""
     folder = tmp_path_factory.getbasetemp() / "base-draft"
     if not folder.exists():
         target, _ = whisper_from_ct2(fast_int8.ct2.resolved.ct2_dir)

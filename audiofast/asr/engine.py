@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiofast.asr import kernels
+from audiofast.asr.fused_decoder import FusedDecoder
 from audiofast.asr.invariant_int8 import make_invariant, quantize_per_channel
 from audiofast.asr.vocab_diet import DietVocab
 from audiofast.models.ct2_reader import read_ct2_model
@@ -220,9 +221,10 @@ class WhisperDecoderEngine(nn.Module):
 
     def __init__(self, model: DecoderWeights | nn.Module, precision: Precision = "int8",
                  vocab: DietVocab | None = None, invariant: bool = False,
-                 head_ids: torch.Tensor | None = None):
+                 head_ids: torch.Tensor | None = None, fused: bool = True):
         """``model``: the decoder's weights, or a Hugging Face Whisper to take them from;
-        ``head_ids``: a drafter's cut head - logits only for these ids, in their order."""
+        ``head_ids``: a drafter's cut head - logits only for these ids, in their order;
+        ``fused=False``: int8 on the TorchScript step even where the C++ op could run."""
         super().__init__()
         weights = model if isinstance(model, DecoderWeights) else DecoderWeights.from_hf(model)
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
@@ -232,6 +234,30 @@ class WhisperDecoderEngine(nn.Module):
         rescore = RESCORE_TOP if precision == "int8" else 0
         self.step = DecoderStep(weights, head_ids, rescore)
         _cast(self.step, precision)
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
+        # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere)
+        # and reads them with the fused kernel: a step at 1500 frames 11.2 -> 9.8 ms (median,
+        # interleaved A/B with the fp32 engine); widening them with .to() first saved nothing.
+        fp16_kv = precision == "int8" and self.d_model // self.n_heads == 64
+        self.kv_dtype = torch.float16 if fp16_kv else self.dtype
+        kernel = kernels.backend()  # the step's code names the op: registered before scripting
+        self._audio: torch.Tensor | None = None
+        self._cross: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self.eval()
+        # int8 with the C++ kernels: every layer in one op (fused_decoder.py), each row alone
+        # by construction, so ``invariant`` needs no separate arithmetic there.
+        self._fused = FusedDecoder(self.step) if fused and fp16_kv and kernel == "avx2" else None
+        # Which arithmetic runs: the judge's transcript cache keys on it. ("cross-bmm": cross-
+        # attention by two matmuls since the fused kernel came; SDPA before.)
+        self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
+            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
+        if self._fused is not None:
+            self.numerics = f"int8-fused-per-row-rescore{rescore}-kv16-avx2"
+            self._run = self._prefill = None
+            return
+        if fp16_kv:
+            self.numerics += f"-kv16-{kernel}"
         prefill = None
         if precision == "int8":  # per-row activation ranges (invariant_int8)
             if not invariant:
@@ -242,22 +268,6 @@ class WhisperDecoderEngine(nn.Module):
                 # rows: scripting it cost ~1 s of start-up and saved ~3 ms a window).
                 prefill = self.step.sharing_copy()
             make_invariant(prefill if prefill is not None else self.step)
-        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
-        # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere)
-        # and reads them with the fused kernel: a step at 1500 frames 11.2 -> 9.8 ms (median,
-        # interleaved A/B with the fp32 engine); widening them with .to() first saved nothing.
-        fp16_kv = precision == "int8" and self.d_model // self.n_heads == 64
-        self.kv_dtype = torch.float16 if fp16_kv else self.dtype
-        # Which arithmetic runs: the judge's transcript cache keys on it. ("cross-bmm": cross-
-        # attention by two matmuls since the fused kernel came; SDPA before.)
-        self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
-            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
-        kernel = kernels.backend()  # the step's code names the op: registered before scripting
-        if fp16_kv:
-            self.numerics += f"-kv16-{kernel}"
-        self._audio: torch.Tensor | None = None
-        self.eval()
         # TorchScript is deprecated in favour of torch.compile, but here torch.compile was
         # slower (it copied the mutated KV cache on every call) and took 40 s to compile.
         with warnings.catch_warnings():
@@ -293,7 +303,9 @@ class WhisperDecoderEngine(nn.Module):
             k, v = layer.cross_kv(enc).chunk(2, dim=-1)
             cross_k.append(self.step._heads(k)[0].to(self.kv_dtype).contiguous())
             cross_v.append(self.step._heads(v)[0].to(self.kv_dtype).contiguous())
-        self._run.cross_k, self._run.cross_v = cross_k, cross_v
+        self._cross = (cross_k, cross_v)
+        if self._run is not None:
+            self._run.cross_k, self._run.cross_v = cross_k, cross_v
         if self._prefill is not None:
             self._prefill.cross_k, self._prefill.cross_v = cross_k, cross_v
 
@@ -318,8 +330,12 @@ class WhisperDecoderEngine(nn.Module):
             tokens = self.vocab.to_diet[tokens]
             if bool((tokens < 0).any()):
                 raise KeyError("a token outside the diet vocabulary reached the decoder")
-        run = self._prefill if n > 1 and not rowwise and self._prefill is not None else self._run
-        logits = run(tokens, start, rowwise and n > 1, min(last, n))
+        if self._fused is not None:
+            logits = self._fused(tokens, start, min(last, n), *self._cross)
+        else:
+            run = self._prefill if n > 1 and not rowwise and self._prefill is not None \
+                else self._run
+            logits = run(tokens, start, rowwise and n > 1, min(last, n))
         if self.vocab is None:
             return logits
         full = logits.new_full((logits.shape[0], self.vocab.full_size), -torch.inf)

@@ -23,11 +23,12 @@ class FastWhisper:
 
     def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
                  drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None,
-                 encoder: str = "ct2", invariant: bool | None = None):
+                 encoder: str = "ct2", invariant: bool | None = None, fused: bool = True):
         """``invariant`` (default: when drafting): int8 linears with per-row activation
         ranges, so a drafted row decodes exactly as it would alone (invariant_int8.py); they
         cost ~4 ms per token at 1500 frames (12.3 vs 8.5 ms per step measured), so plain
-        greedy runs fbgemm's own dynamic int8."""
+        greedy runs fbgemm's own dynamic int8. Both only where the fused C++ decoder cannot
+        run (``fused=False``, or no kernels): its rows are computed alone by construction."""
         self.ct2 = CT2Whisper(model, threads=threads, encoder=encoder)
         if threads:
             torch.set_num_threads(threads)
@@ -42,7 +43,8 @@ class FastWhisper:
             weights = DecoderWeights.from_ct2(self.ct2.resolved.ct2_dir)
         if invariant is None:
             invariant = drafter != "none"
-        self.engine = WhisperDecoderEngine(weights, precision, self.ct2.vocab, invariant)
+        self.engine = WhisperDecoderEngine(weights, precision, self.ct2.vocab, invariant,
+                                           fused=fused)
         del weights
         self.drafter_name = drafter
         self.draft_model = draft_model

@@ -1,10 +1,12 @@
-"""Our one C++ kernel: ``torch.ops.audiofast.cross_attention`` (see cross_attention.cpp).
+"""Our C++ kernels: ``torch.ops.audiofast.cross_attention`` (cross_attention.cpp) and
+``torch.ops.audiofast.decoder_forward``, the whole int8 decoder in one op (decoder_step.cpp).
 
 Built on first use with the system compiler (``torch.utils.cpp_extension``, ~1 min, once per
 torch version; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
 built - no compiler, or a CPU without AVX2/F16C - the same op is registered with a PyTorch
-implementation, so the decoder runs everywhere; :func:`backend` says which one is live
-(the judge's transcript cache keys on it, since the two round differently).
+implementation (the decoder then runs its TorchScript step instead of decoder_forward), so
+the decoder runs everywhere; :func:`backend` says which one is live (the judge's transcript
+cache keys on it, since the two round differently).
 
 ``python -m audiofast.asr.kernels`` builds it and prints the backend.
 """
@@ -15,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cross_attention.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "cross_attention.cpp", HERE / "decoder_step.cpp"]
 _backend: str | None = None
 _fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
 
@@ -34,13 +37,14 @@ def _build() -> None:
 
     folder = cache_dir() / "kernels" / f"torch-{torch.__version__}"
     built = folder / "audiofast_kernels.so"
-    if built.is_file() and built.stat().st_mtime > SOURCE.stat().st_mtime:
+    newest_source = max(p.stat().st_mtime for p in [*SOURCES, HERE / "avx2.h", Path(__file__)])
+    if built.is_file() and built.stat().st_mtime > newest_source:
         torch.ops.load_library(built)  # skips ninja's up-to-date check (~1 s)
         return
     from torch.utils.cpp_extension import load  # (imported only to build: it is slow)
 
     folder.mkdir(parents=True, exist_ok=True)
-    load(name="audiofast_kernels", sources=[str(SOURCE)], build_directory=str(folder),
+    load(name="audiofast_kernels", sources=[str(p) for p in SOURCES], build_directory=str(folder),
          extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], is_python_module=False)
 
 

@@ -1,0 +1,116 @@
+// Small AVX2 + F16C helpers shared by the kernels.
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace audiofast {
+
+constexpr int64_t kHeadDim = 64;  // every Whisper size: d_model / heads == 64
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const uint16_t* p) {  // fp16, widened
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline float sum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_hadd_ps(x, x);
+  return _mm_cvtss_f32(_mm_hadd_ps(x, x));
+}
+
+// a . b over n floats (n a multiple of 16), always summed in the same order.
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  return sum8(_mm256_add_ps(s0, s1));
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the max): 2^n * e^r with a degree-6
+// polynomial for e^r (the Cephes expf coefficients), ~1e-7 relative error.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                          _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// Exact (erf) GELU, as Whisper's, in place over n floats (n a multiple of 8): erf by
+// Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7). ATen's gelu would run through oneDNN and
+// start an OpenMP region per call, whose spinning thread then competed with ours.
+inline void gelu(float* x, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.f), one = _mm256_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 z = _mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f));  // x / sqrt(2)
+    const __m256 a = _mm256_andnot_ps(sign, z);
+    const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+    __m256 p = _mm256_set1_ps(1.061405429f);
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    p = _mm256_mul_ps(p, t);
+    const __m256 erf_abs = _mm256_fnmadd_ps(p, exp8(_mm256_mul_ps(_mm256_xor_ps(a, sign), a)), one);
+    const __m256 erf = _mm256_or_ps(erf_abs, _mm256_and_ps(sign, z));  // erf is odd
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v),
+                                          _mm256_add_ps(one, erf)));
+  }
+}
+
+// One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float or
+// fp16 widened as read), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are
+// contiguous, so keys and values are read front to back once.
+template <typename T>
+void attend(const float* q, const T* keys, const T* values, int64_t n, float* scores,
+            float* out) {
+  __m256 qv[8];
+  for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+  float top = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = keys + t * kHeadDim;
+    __m256 a = _mm256_mul_ps(qv[0], load8(row));
+    __m256 b = _mm256_mul_ps(qv[1], load8(row + 8));
+    for (int i = 2; i < 8; i += 2) {
+      a = _mm256_fmadd_ps(qv[i], load8(row + 8 * i), a);
+      b = _mm256_fmadd_ps(qv[i + 1], load8(row + 8 * i + 8), b);
+    }
+    scores[t] = sum8(_mm256_add_ps(a, b));
+    top = scores[t] > top ? scores[t] : top;
+  }
+  for (int64_t t = n; t < ((n + 7) & ~int64_t{7}); ++t) scores[t] = -INFINITY;
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), topv));
+    _mm256_storeu_ps(scores + t, e);
+    total = _mm256_add_ps(total, e);
+  }
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 p = _mm256_set1_ps(scores[t]);
+    const T* row = values + t * kHeadDim;
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(row + 8 * i), acc[i]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / sum8(total));
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+}
+
+}  // namespace audiofast
