@@ -1,4 +1,4 @@
-"""The C++ cross-attention kernel against the same arithmetic in PyTorch."""
+"""The C++ kernels: cross-attention against PyTorch; the fused decoder's int8 linear."""
 
 import os
 import subprocess
@@ -55,3 +55,61 @@ def test_fallback_registers_the_same_op():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
     assert out[:3] == ["torch", "True", "torch.Size([2, 64])"]
+
+
+def _quantized_linear(out_features: int, in_features: int, seed: int):
+    from audiofast.asr.fused_decoder import int8_linear_tensors
+    from audiofast.asr.invariant_int8 import quantize_per_channel
+
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(in_features, out_features)
+    quantized = quantize_per_channel(linear)
+    return linear, quantized, int8_linear_tensors(quantized)
+
+
+@pytest.mark.parametrize("shape", [(100, 512), (2048, 512), (512, 2048), (37, 384)])
+def test_int8_linear_rows_alone_and_as_fbgemm(kernel, shape):
+    """The fused decoder's int8 linear: each row quantized with its own range and summed
+    exactly, so k rows give k single-row results bit for bit, whatever the thread count; one
+    row is fbgemm's dynamic int8 (same 7-bit activations, same weights) to float rounding."""
+    linear, quantized, tensors = _quantized_linear(*shape, seed=shape[0])
+    x = torch.randn(9, shape[1]) * torch.linspace(0.1, 10, 9)[:, None]
+    together = torch.ops.audiofast.int8_linear(x, tensors)
+    apart = torch.cat([torch.ops.audiofast.int8_linear(x[i : i + 1], tensors) for i in range(9)])
+    assert torch.equal(together, apart)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(torch.ops.audiofast.int8_linear(x, tensors), together)
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(9):
+        assert torch.allclose(together[i], quantized(x[i : i + 1])[0], atol=1e-4, rtol=1e-5)
+    error = (together - linear(x)).abs().amax(-1) / linear(x).abs().amax(-1)
+    assert (error < 0.05).all(), error
+
+
+def test_int8_linear_is_the_same_without_vnni(kernel, tmp_path):
+    """AVX2 and AVX-512 VNNI sum the same integers: outputs identical bit for bit, so a
+    transcript does not depend on which of the two CPUs ran it."""
+    _, _, tensors = _quantized_linear(300, 512, seed=3)
+    x = torch.randn(5, 512)
+    torch.save((x, tensors), tmp_path / "case.pt")
+    code = ("import sys, torch\nfrom audiofast.asr import kernels\nkernels.backend()\n"
+            "x, t = torch.load(sys.argv[1])\n"
+            "torch.save(torch.ops.audiofast.int8_linear(x, t), sys.argv[2])\n")
+    for name, env in (("default", {}), ("avx2", {"AUDIOFAST_NO_VNNI": "1"})):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "case.pt"),
+                        str(tmp_path / f"{name}.pt")], env={**os.environ, **env}, check=True)
+    assert torch.equal(torch.load(tmp_path / "default.pt"), torch.load(tmp_path / "avx2.pt"))
+
+
+def test_int8_linear_rejects_unpacked_weights(kernel):
+    _, _, (packed, scale, row_sums, bias) = _quantized_linear(32, 64, seed=0)
+    with pytest.raises(RuntimeError, match="packed"):
+        torch.ops.audiofast.int8_linear(torch.randn(1, 64), [packed.view(32, 64), scale,
+                                                             row_sums, bias])
+    with pytest.raises(RuntimeError, match="one value per output"):
+        torch.ops.audiofast.int8_linear(torch.randn(1, 64), [packed, scale[:5], row_sums, bias])
+    with pytest.raises(RuntimeError, match=r"\(rows, in\) float32"):
+        torch.ops.audiofast.int8_linear(torch.randn(1, 32), [packed, scale, row_sums, bias])
