@@ -64,7 +64,7 @@ def _quantized_linear(out_features: int, in_features: int, seed: int):
     torch.manual_seed(seed)
     linear = torch.nn.Linear(in_features, out_features)
     quantized = quantize_per_channel(linear)
-    return linear, quantized, int8_linear_tensors(quantized)
+    return linear, quantized, int8_linear_tensors(linear)
 
 
 @pytest.mark.parametrize("shape", [(100, 512), (2048, 512), (512, 2048), (37, 384)])

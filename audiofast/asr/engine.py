@@ -233,7 +233,6 @@ class WhisperDecoderEngine(nn.Module):
         self.precision = precision
         rescore = RESCORE_TOP if precision == "int8" else 0
         self.step = DecoderStep(weights, head_ids, rescore)
-        _cast(self.step, precision)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
         # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere)
@@ -248,6 +247,8 @@ class WhisperDecoderEngine(nn.Module):
         # int8 with the C++ kernels: every layer in one op (fused_decoder.py), each row alone
         # by construction, so ``invariant`` needs no separate arithmetic there.
         self._fused = FusedDecoder(self.step) if fused and fp16_kv and kernel == "avx2" else None
+        if self._fused is None:
+            _cast(self.step, precision)
         # Which arithmetic runs: the judge's transcript cache keys on it. ("cross-bmm": cross-
         # attention by two matmuls since the fused kernel came; SDPA before.)
         self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
@@ -281,7 +282,7 @@ class WhisperDecoderEngine(nn.Module):
 
     @property
     def lm_head(self) -> nn.Module:
-        return self.step.lm_head
+        return self.step.lm_head if self._fused is None else self._fused.lm_head
 
     def known_prefix(self, tokens: list[int]) -> int:
         """How many leading ``tokens`` this decoder can take (all, unless a vocab diet dropped

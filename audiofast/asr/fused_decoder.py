@@ -11,6 +11,8 @@ verification share one arithmetic, and drafting is lossless without a slower inv
 import torch
 from torch import nn
 
+from audiofast.asr.invariant_int8 import per_channel_qint8
+
 _LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out", "ffn_ln",
                 "fc1", "fc2")
 
@@ -27,18 +29,26 @@ def pack_int8_weight(q: torch.Tensor) -> torch.Tensor:
     return padded.view(blocks, 16, width // 4, 4).transpose(1, 2).reshape(blocks, width // 4, 64)
 
 
-def int8_linear_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """An fbgemm dynamic int8 linear (per-channel symmetric weights) as the kernel's four
-    tensors: packed int8 weight, per-channel scale, weight row sums, bias."""
-    weight = module.weight()
-    if weight.qscheme() != torch.per_channel_affine or bool(
-            weight.q_per_channel_zero_points().any()):
-        raise ValueError("the fused decoder needs symmetric per-channel int8 weights")
-    q = weight.int_repr().contiguous()
-    bias = module.bias()
-    bias = torch.zeros(q.shape[0]) if bias is None else bias.detach().float().contiguous()
+def int8_linear_tensors(linear: nn.Linear) -> list[torch.Tensor]:
+    """A float linear as the kernel's four tensors: packed int8 weight (the per-channel int8
+    weights of the TorchScript int8 engine, :func:`per_channel_qint8`), per-channel scale,
+    weight row sums, bias."""
+    weight = per_channel_qint8(linear.weight.detach())
+    q = weight.int_repr()
+    bias = torch.zeros(q.shape[0]) if linear.bias is None else linear.bias.detach().float()
     return [pack_int8_weight(q), weight.q_per_channel_scales().float().contiguous(),
-            q.sum(1, dtype=torch.int32), bias]
+            q.sum(1, dtype=torch.int32), bias.contiguous()]
+
+
+class Int8Linear(nn.Module):
+    """One int8 linear of the fused decoder, callable alone (the diet sweep times the head)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        super().__init__()
+        self.tensors = tensors
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.audiofast.int8_linear(x.reshape(-1, x.shape[-1]).float(), self.tensors)
 
 
 def _norm_tensors(norm: nn.LayerNorm) -> list[torch.Tensor]:
@@ -46,13 +56,14 @@ def _norm_tensors(norm: nn.LayerNorm) -> list[torch.Tensor]:
 
 
 class FusedDecoder:
-    """Calls the fused op with a quantized :class:`~audiofast.asr.engine.DecoderStep`'s
-    tensors (shared, not copied) and its KV cache."""
+    """Calls the fused op with a float :class:`~audiofast.asr.engine.DecoderStep`'s tensors,
+    its linears quantized to int8 here, and its KV cache."""
 
     def __init__(self, step: nn.Module):
         self.step = step
+        self.lm_head = Int8Linear(int8_linear_tensors(step.lm_head))
         params = [step.embed.weight.detach(), step.positions, *_norm_tensors(step.final_ln),
-                  *int8_linear_tensors(step.lm_head), step.exact_head]
+                  *self.lm_head.tensors, step.exact_head]
         for layer in step.layers:
             for part in _LAYER_PARTS:
                 module = getattr(layer, part)

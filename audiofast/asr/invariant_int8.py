@@ -60,15 +60,20 @@ def packed_int8_linear(qweight: torch.Tensor, bias: torch.Tensor | None) -> nn.M
     return qlinear
 
 
-def quantize_per_channel(linear: nn.Linear) -> nn.Module:
-    """What ``quantize_dynamic`` with ``per_channel_dynamic_qconfig`` builds (one weight scale
-    per output channel), packed once. With fbgemm's per-tensor default, plain greedy added a
+def per_channel_qint8(weight: torch.Tensor) -> torch.Tensor:
+    """The int8 weight ``quantize_dynamic`` with ``per_channel_dynamic_qconfig`` makes: one
+    symmetric scale per output channel. With fbgemm's per-tensor default, plain greedy added a
     hallucinated sentence to beckett.wav (WER 0 -> 16.7 %)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # torch's quantized tensors are deprecated, still used
         observer = torch.ao.quantization.per_channel_dynamic_qconfig.weight()
-    observer(linear.weight)
-    return packed_int8_linear(_quantize_weight(linear.weight.float(), observer), linear.bias)
+        observer(weight)
+        return _quantize_weight(weight.float(), observer)
+
+
+def quantize_per_channel(linear: nn.Linear) -> nn.Module:
+    """fbgemm's dynamic int8 linear over :func:`per_channel_qint8` weights, packed once."""
+    return packed_int8_linear(per_channel_qint8(linear.weight), linear.bias)
 
 
 def make_invariant(module: nn.Module, skip: tuple[str, ...] = ()) -> list[str]:
