@@ -27,9 +27,11 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--encoder", choices=["ct2", "openvino", "auto"], default="ct2",
                    help="audio encoder: CTranslate2 int8, OpenVINO fp32 (exported once into "
                    "the cache), or auto (OpenVINO for windows of 22 s and more)")
-    p.add_argument("--engine", choices=["ct2", "fast"], default="ct2",
-                   help="decoder: CTranslate2 (default: starts in <1 s) or audiofast's own "
-                   "engine (greedy only; ~1.2x faster decoding, ~4 s more start-up)")
+    p.add_argument("--engine", choices=["auto", "ct2", "fast"], default="auto",
+                   help="decoder: audiofast's own int8 engine (fast: greedy, ~3x faster-whisper "
+                   "with its C++ kernels) or CTranslate2 (ct2: beams, batched chunks, other "
+                   "compute types); auto (default): fast where its kernels are built and the "
+                   "options allow it, else ct2")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
                    help="weights of the fast engine (int8: per-channel weights; with a "
                         "drafter, per-row activation ranges keep drafting lossless)")
@@ -81,6 +83,17 @@ def _window_pad(value: str) -> float | None:
     return seconds
 
 
+def _choose_engine(args: argparse.Namespace) -> str:
+    """The fast engine where it is the gated, faster configuration: greedy, sequential, int8
+    (or asked for by its own options), with its C++ kernels already built; else CTranslate2."""
+    from audiofast.asr import kernels
+
+    if args.drafter != "none" or args.precision != "int8":
+        return "fast"
+    plain = args.beam_size == 1 and not args.batch_size and args.compute_type == "int8"
+    return "fast" if plain and kernels.is_built() else "ct2"
+
+
 def _run_transcribe(args: argparse.Namespace) -> int:
     from audiofast.asr.ct2_runtime import CT2Whisper
     from audiofast.asr.options import DecodingOptions
@@ -91,13 +104,14 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     if args.engine == "fast" and args.batch_size:
         raise SystemExit("audiofast: error: --batch-size needs --engine ct2 "
                          "(the fast engine decodes one sequence at a time)")
+    engine = _choose_engine(args) if args.engine == "auto" else args.engine
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
     options = DecodingOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
         window_pad=args.window_pad, batch_size=args.batch_size, chunk_length=args.chunk_length,
     )
-    if args.engine == "fast":
+    if engine == "fast":
         from audiofast.asr.fast_runtime import FastWhisper
 
         model = FastWhisper(args.model, threads=args.threads, precision=args.precision,

@@ -70,8 +70,9 @@ def _quantized_linear(out_features: int, in_features: int, seed: int):
 @pytest.mark.parametrize("shape", [(100, 512), (2048, 512), (512, 2048), (37, 384)])
 def test_int8_linear_rows_alone_and_as_fbgemm(kernel, shape):
     """The fused decoder's int8 linear: each row quantized with its own range and summed
-    exactly, so k rows give k single-row results bit for bit, whatever the thread count; one
-    row is fbgemm's dynamic int8 (same 7-bit activations, same weights) to float rounding."""
+    exactly, so k rows give k single-row results bit for bit, whatever the thread count; with
+    8-bit activations it is closer to the float linear than fbgemm's 7-bit dynamic int8 (same
+    int8 weights)."""
     linear, quantized, tensors = _quantized_linear(*shape, seed=shape[0])
     x = torch.randn(9, shape[1]) * torch.linspace(0.1, 10, 9)[:, None]
     together = torch.ops.audiofast.int8_linear(x, tensors)
@@ -83,10 +84,11 @@ def test_int8_linear_rows_alone_and_as_fbgemm(kernel, shape):
         assert torch.equal(torch.ops.audiofast.int8_linear(x, tensors), together)
     finally:
         torch.set_num_threads(threads)
-    for i in range(9):
-        assert torch.allclose(together[i], quantized(x[i : i + 1])[0], atol=1e-4, rtol=1e-5)
-    error = (together - linear(x)).abs().amax(-1) / linear(x).abs().amax(-1)
-    assert (error < 0.05).all(), error
+    expected = linear(x)
+    fbgemm = torch.cat([quantized(x[i : i + 1]) for i in range(9)])
+    error = (together - expected).abs().amax(-1) / expected.abs().amax(-1)
+    assert (error < 0.03).all(), error
+    assert (together - expected).abs().mean() < (fbgemm - expected).abs().mean()
 
 
 def test_int8_linear_is_the_same_without_vnni(kernel, tmp_path):

@@ -254,7 +254,7 @@ class WhisperDecoderEngine(nn.Module):
         self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
             f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
         if self._fused is not None:
-            self.numerics = f"int8-fused-per-row-rescore{rescore}-kv16-avx2"
+            self.numerics = f"int8-fused-a8-per-row-rescore{rescore}-kv16-avx2"
             self._run = self._prefill = None
             return
         if fp16_kv:

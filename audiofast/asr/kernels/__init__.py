@@ -32,13 +32,26 @@ def _cpu_supports_kernel() -> bool:
     return {"avx2", "fma", "f16c"} <= set(flags)
 
 
-def _build() -> None:
+def _built_library() -> Path:
     from audiofast.models.packaged import cache_dir
 
-    folder = cache_dir() / "kernels" / f"torch-{torch.__version__}"
-    built = folder / "audiofast_kernels.so"
-    newest_source = max(p.stat().st_mtime for p in [*SOURCES, HERE / "avx2.h", Path(__file__)])
-    if built.is_file() and built.stat().st_mtime > newest_source:
+    return cache_dir() / "kernels" / f"torch-{torch.__version__}" / "audiofast_kernels.so"
+
+
+def is_built() -> bool:
+    """Whether the kernels are built and current for this torch and CPU (nothing is built or
+    loaded here: the CLI asks this to choose its engine)."""
+    if os.environ.get("AUDIOFAST_KERNELS") == "torch" or not _cpu_supports_kernel():
+        return False
+    built = _built_library()
+    sources = [*SOURCES, HERE / "avx2.h", HERE / "pool.h", Path(__file__)]
+    return built.is_file() and built.stat().st_mtime > max(p.stat().st_mtime for p in sources)
+
+
+def _build() -> None:
+    built = _built_library()
+    folder = built.parent
+    if is_built():
         torch.ops.load_library(built)  # skips ninja's up-to-date check (~1 s)
         return
     from torch.utils.cpp_extension import load  # (imported only to build: it is slow)
