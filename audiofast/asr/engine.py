@@ -4,15 +4,14 @@ CTranslate2 has no call that returns per-position logits for a given token seque
 engine does (``forward(tokens, start)`` gives logits for every fed position in one pass),
 with a preallocated self-attention KV cache and cross-attention K/V computed once per window.
 
-Weights can be fp32, bf16, or int8 (fbgemm dynamic quantization: int8 weights per output
-channel, activations quantized on the fly). Measured on this AVX2 CPU, 2 threads: the 51865 x 512
-output head takes 16.8 ms per token in fp32 and 1.4 ms in dynamic int8 (CTranslate2 int8:
-~10.7 ms for the whole token). Plain dynamic int8 picks one activation scale per call, so
-a verified row can round differently from the same row fed alone; ``invariant=True`` gives
-each row its own range (:mod:`audiofast.asr.invariant_int8`) and ``rowwise`` calls run
-attention row by row, so k rows at once equal k single rows bit for bit. In int8 the
-window's cross-attention K/V are stored in fp16 and read by a fused C++ op
-(:mod:`audiofast.asr.kernels`): they are the largest read of a token.
+Weights can be fp32, bf16, or int8 (per output channel). int8 runs as one fused C++ op per
+call where the kernels are built (:mod:`audiofast.asr.fused_decoder`: every row quantized and
+attended alone, so k rows at once equal k single rows bit for bit). Elsewhere, and for
+fp32/bf16, a TorchScript step runs: int8 there is fbgemm's dynamic quantization, which picks
+one activation scale per call, so a verified row can round differently from the same row
+fed alone; ``invariant=True`` gives each row its own range
+(:mod:`audiofast.asr.invariant_int8`) and ``rowwise`` calls run attention row by row. In int8
+the window's cross-attention K/V are stored in fp16: they are the largest read of a token.
 """
 
 import copy
@@ -235,12 +234,11 @@ class WhisperDecoderEngine(nn.Module):
         self.step = DecoderStep(weights, head_ids, rescore)
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         # Cross-attention K/V are read whole on every token (36 MB at 1500 frames in fp32, more
-        # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere)
-        # and reads them with the fused kernel: a step at 1500 frames 11.2 -> 9.8 ms (median,
-        # interleaved A/B with the fp32 engine); widening them with .to() first saved nothing.
+        # than L3): int8 keeps them in fp16 (~1e-4 relative rounding, below int8's elsewhere),
+        # widened in registers by the C++ kernels (with .to() first it saved nothing).
         fp16_kv = precision == "int8" and self.d_model // self.n_heads == 64
         self.kv_dtype = torch.float16 if fp16_kv else self.dtype
-        kernel = kernels.backend()  # the step's code names the op: registered before scripting
+        kernel = kernels.backend()  # the scripted step names the op: registered before scripting
         self._audio: torch.Tensor | None = None
         self._cross: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         self.eval()

@@ -83,7 +83,11 @@ class OpenVINOEncoder:
         self.path = folder / IR_NAME
         if not self.path.is_file():
             export_encoder(ct2_dir, folder)
-        config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        # fp32 said explicitly: on a CPU with AVX-512 BF16 OpenVINO otherwise runs in bf16
+        # (measured: mean |error| vs the PyTorch encoder 1e-5 -> 0.014, max 8.2).
+        config = {"INFERENCE_PRECISION_HINT": "f32"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
         self.model = ov.Core().compile_model(str(self.path), "CPU", config)
 
     def __call__(self, mel: np.ndarray) -> np.ndarray:
