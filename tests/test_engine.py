@@ -155,3 +155,34 @@ def test_plain_int8_greedy_holds_wer_on_real_speech(fast_plain_int8, clips, clip
     options = DecodingOptions(language="en", window_pad=2)
     text = fast_plain_int8.transcribe(clips[clip].audio, options).text
     assert wer(clips[clip].reference, text) <= 3 / 119, text
+
+
+def test_forked_samples_decode_as_alone(fast_int8, clips):
+    """best_of samples run side by side on forked caches (fused decoder): each row's logits
+    are those of its sequence decoded alone, bit for bit, and one forked sample draws the
+    same tokens as the sequential sampler with the same seed."""
+    from audiofast.asr.decoding import sample_decode, sample_decode_forked
+    from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+    from audiofast.audio import load_audio
+
+    engine = fast_int8.engine
+    assert engine.can_fork
+    mel = log_mel_spectrogram(load_audio(clips["beckett"].audio), fast_int8.n_mels)
+    engine.set_audio(fast_int8.encode(pad_or_trim(mel, 3000)))
+    prompt = torch.tensor([50258, 50259, 50359, 50364])
+    continuations = [[6725, 3031, 13], [440, 2068, 3699], [1692, 2834, 11]]
+    engine(prompt, 0)
+    engine.fork(len(continuations), len(prompt))
+    forked = [engine.forward_forked(torch.tensor([c[t] for c in continuations]), 4 + t)
+              for t in range(3)]
+    for i, tokens in enumerate(continuations):
+        engine(prompt, 0)
+        for t in range(3):
+            assert torch.equal(forked[t][i], engine(torch.tensor([tokens[t]]), 4 + t)[0])
+    options = DecodingOptions(language="en")
+    rules = fast_int8.rules(options, prompt.tolist())
+    one = sample_decode_forked(engine, prompt.tolist(), rules, 60, 0.8,
+                               torch.Generator().manual_seed(5), samples=1)[0]
+    alone = sample_decode(engine, prompt.tolist(), rules, 60, 0.8,
+                          torch.Generator().manual_seed(5))
+    assert one.tokens == alone.tokens and one.sum_logprob == pytest.approx(alone.sum_logprob)

@@ -149,3 +149,41 @@ def sample_decode(
         position += 1
         out.engine_calls += 1
     return out
+
+
+def sample_decode_forked(
+    engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
+    temperature: float, generator: torch.Generator, samples: int,
+) -> list[DecodeOutput]:
+    """``samples`` samples at ``temperature`` side by side (the fused decoder's forked
+    caches): the prompt is read once and each step is one engine call for all of them, so
+    they share every weight read. Each sample draws from its own history, as
+    :func:`sample_decode` does; finished ones feed end-of-text until all are done."""
+    tok = rules.tokenizer
+    first, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
+    engine.fork(samples, len(prompt))
+    outs = [DecodeOutput([], 0.0, first.no_speech_prob, engine_calls=1) for _ in range(samples)]
+    lasts = [last] * samples
+    done = [False] * samples
+    position = len(prompt)
+    while True:
+        tokens = []
+        for i, out in enumerate(outs):
+            if done[i]:
+                tokens.append(tok.eot)
+                continue
+            filtered = rules.apply(lasts[i], out.tokens)
+            token = int(torch.multinomial((filtered / temperature).softmax(-1), 1,
+                                          generator=generator))
+            out.sum_logprob += filtered.log_softmax(-1)[token].item()
+            if token == tok.eot or len(out.tokens) >= limit:
+                done[i] = True
+            else:
+                out.tokens.append(token)
+                out.engine_calls += 1
+            tokens.append(token)
+        if all(done):
+            return outs
+        rows = engine.forward_forked(torch.tensor(tokens), position)
+        lasts = list(rows)
+        position += 1

@@ -325,16 +325,42 @@ class WhisperDecoderEngine(nn.Module):
         end = start + n
         if end > self.n_ctx:
             raise ValueError(f"sequence of {end} tokens exceeds the decoder context {self.n_ctx}")
-        if self.vocab is not None:
-            tokens = self.vocab.to_diet[tokens]
-            if bool((tokens < 0).any()):
-                raise KeyError("a token outside the diet vocabulary reached the decoder")
+        tokens = self._to_model_ids(tokens)
         if self._fused is not None:
             logits = self._fused(tokens, start, min(last, n), *self._cross)
         else:
             run = self._prefill if n > 1 and not rowwise and self._prefill is not None \
                 else self._run
             logits = run(tokens, start, rowwise and n > 1, min(last, n))
+        return self._to_full_logits(logits)
+
+    @property
+    def can_fork(self) -> bool:
+        """Whether :meth:`fork` works: several sequences decoded side by side (fused int8)."""
+        return self._fused is not None
+
+    def fork(self, copies: int, length: int) -> None:
+        """Start ``copies`` sequences from the first ``length`` cached positions (a prompt
+        read once), for :meth:`forward_forked`: best_of samples then share every weight read."""
+        self._fused.fork(copies, length)
+
+    @torch.inference_mode()
+    def forward_forked(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """Logits (copies, vocab): token i appended to forked sequence i at ``position``."""
+        if position >= self.n_ctx:
+            raise ValueError(f"position {position} exceeds the decoder context {self.n_ctx}")
+        return self._to_full_logits(
+            self._fused.forked(self._to_model_ids(tokens), position, *self._cross))
+
+    def _to_model_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.vocab is None:
+            return tokens
+        tokens = self.vocab.to_diet[tokens]
+        if bool((tokens < 0).any()):
+            raise KeyError("a token outside the diet vocabulary reached the decoder")
+        return tokens
+
+    def _to_full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:
             return logits
         full = logits.new_full((logits.shape[0], self.vocab.full_size), -torch.inf)

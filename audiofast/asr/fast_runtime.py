@@ -8,7 +8,13 @@ import numpy as np
 import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.decoding import Drafter, LogitRules, greedy_decode, sample_decode
+from audiofast.asr.decoding import (
+    Drafter,
+    LogitRules,
+    greedy_decode,
+    sample_decode,
+    sample_decode_forked,
+)
 from audiofast.asr.drafters.ngram import NgramDrafter
 from audiofast.asr.engine import DecoderWeights, Precision, WhisperDecoderEngine
 from audiofast.asr.longform import WindowResult, transcribe_audio
@@ -108,8 +114,14 @@ class FastWhisper:
                 drafter.set_audio(encoded)
             out = greedy_decode(self.engine, prompt, rules, options.max_new_tokens, drafter)
         else:
-            samples = [sample_decode(self.engine, prompt, rules, options.max_new_tokens,
-                                     temperature, self.generator) for _ in range(options.best_of)]
+            if self.engine.can_fork:  # best_of samples side by side, one call per step
+                samples = sample_decode_forked(self.engine, prompt, rules,
+                                               options.max_new_tokens, temperature,
+                                               self.generator, options.best_of)
+            else:
+                samples = [sample_decode(self.engine, prompt, rules, options.max_new_tokens,
+                                         temperature, self.generator)
+                           for _ in range(options.best_of)]
             out = max(samples, key=lambda s: s.sum_logprob / (len(s.tokens) + 1))
         for key in ("engine_calls", "drafted", "accepted"):
             self.stats[key] += getattr(out, key)

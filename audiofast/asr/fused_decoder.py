@@ -71,8 +71,27 @@ class FusedDecoder:
                            else int8_linear_tensors(module))
         self.params = params
 
+        self.forked_k = self.forked_v = torch.empty(0)
+
     def __call__(self, tokens: torch.Tensor, start: int, last: int,
                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor]) -> torch.Tensor:
         return torch.ops.audiofast.decoder_forward(
             tokens, start, last, self.params, self.step.k_cache, self.step.v_cache, cross_k,
             cross_v, self.step.rescore)
+
+    def fork(self, copies: int, length: int) -> None:
+        """Caches for ``copies`` sequences, each starting with the main cache's first
+        ``length`` positions."""
+        shape = list(self.step.k_cache.shape)
+        shape[1] = copies
+        if list(self.forked_k.shape) != shape:
+            self.forked_k, self.forked_v = torch.zeros(shape), torch.zeros(shape)
+        self.forked_k[:, :, :, :length] = self.step.k_cache[:, :, :, :length]
+        self.forked_v[:, :, :, :length] = self.step.v_cache[:, :, :, :length]
+
+    def forked(self, tokens: torch.Tensor, position: int, cross_k: list[torch.Tensor],
+               cross_v: list[torch.Tensor]) -> torch.Tensor:
+        """One token per forked sequence, all at ``position``: a row per sequence."""
+        return torch.ops.audiofast.decoder_forward(
+            tokens, position, 0, self.params, self.forked_k, self.forked_v, cross_k, cross_v,
+            self.step.rescore)

@@ -232,18 +232,28 @@ void layer_norm(const float* x, const torch::Tensor& weight, const torch::Tensor
   }
 }
 
-// Causal self-attention of each row over the cache (row m sees positions 0 .. start + m).
-void self_attention(const float* qkv, int64_t rows, int64_t start, int64_t heads,
+// Where a row of a call lives: one sequence at consecutive positions (a prompt, a verified
+// draft), or - with several cached sequences - row m is sequence m, all at one position
+// (best_of samples decoded side by side).
+struct Rows {
+  int64_t start, sequences;
+  int64_t sequence(int64_t m) const { return sequences > 1 ? m : 0; }
+  int64_t position(int64_t m) const { return sequences > 1 ? start : start + m; }
+};
+
+// Causal self-attention of each row over its sequence's cache (keys 0 .. its position).
+void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t heads,
                     const float* k_cache, const float* v_cache, int64_t n_ctx, float* out) {
-  const int64_t d = heads * kHeadDim;
+  const int64_t d = heads * kHeadDim, per_sequence = heads * n_ctx * kHeadDim;
   pool().run(rows * heads, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(n_ctx + 8);
     alignas(32) float q[kHeadDim];
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = t / heads, h = t % heads;
+      const int64_t offset = at.sequence(m) * per_sequence + h * n_ctx * kHeadDim;
       for (int64_t i = 0; i < kHeadDim; ++i) q[i] = qkv[m * 3 * d + h * kHeadDim + i] * 0.125f;
-      attend(q, k_cache + h * n_ctx * kHeadDim, v_cache + h * n_ctx * kHeadDim, start + m + 1,
-             scores.data(), out + m * d + h * kHeadDim);
+      attend(q, k_cache + offset, v_cache + offset, at.position(m) + 1, scores.data(),
+             out + m * d + h * kHeadDim);
     }
   });
 }
@@ -270,8 +280,9 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const tor
 
 }  // namespace
 
-// tokens (rows,) at positions start .. start + rows - 1 through every layer; logits (last rows
-// only when last > 0) with the top `rescore` of each row recomputed from the fp32 head.
+// tokens (rows,) at positions start .. start + rows - 1 through every layer (or, with a cache
+// of several sequences, one token per sequence at position start); logits (last rows only
+// when last > 0) with the top `rescore` of each row recomputed from the fp32 head.
 torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
                               std::vector<torch::Tensor> params, torch::Tensor k_cache,
                               torch::Tensor v_cache, std::vector<torch::Tensor> cross_k,
@@ -279,10 +290,13 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
   const auto& embed = params[0];
   const auto& positions = params[1];
   const int64_t d = embed.size(1), rows = tokens.size(0), layers = k_cache.size(0);
-  const int64_t heads = k_cache.size(2), n_ctx = k_cache.size(3);
+  const int64_t sequences = k_cache.size(1), heads = k_cache.size(2), n_ctx = k_cache.size(3);
+  const Rows at{start, sequences};
   TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == torch::kLong && rows > 0,
               "tokens must be a non-empty 1-D int64 tensor");
-  TORCH_CHECK(start >= 0 && start + rows <= n_ctx, "positions exceed the decoder context");
+  TORCH_CHECK(sequences == 1 || rows == sequences,
+              "with several cached sequences, give one token per sequence");
+  TORCH_CHECK(start >= 0 && at.position(rows - 1) < n_ctx, "positions exceed the decoder context");
   TORCH_CHECK(heads * kHeadDim == d && d % 32 == 0, "model width must be heads x 64");
   TORCH_CHECK(params.size() == 9 + layers * kTensorsPerLayer && cross_k.size() == layers &&
                   cross_v.size() == layers && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -293,7 +307,7 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
   for (int64_t m = 0; m < rows; ++m) {
     TORCH_CHECK(ids[m] >= 0 && ids[m] < embed.size(0), "token id out of the vocabulary");
     const float* e = embed.data_ptr<float>() + ids[m] * d;
-    const float* pos = positions.data_ptr<float>() + (start + m) * d;
+    const float* pos = positions.data_ptr<float>() + at.position(m) * d;
     for (int64_t i = 0; i < d; ++i) xp[m * d + i] = e[i] + pos[i];
   }
   const int64_t ff = params[9 + 25].numel();  // fc1 bias: its output width
@@ -304,18 +318,20 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
     const auto qkv_proj = linear_at(params, base + 2), self_out = linear_at(params, base + 6);
     const auto cross_q = linear_at(params, base + 12), cross_out = linear_at(params, base + 16);
     const auto fc1 = linear_at(params, base + 22), fc2 = linear_at(params, base + 26);
-    float* kc = k_cache.data_ptr<float>() + l * heads * n_ctx * kHeadDim;
-    float* vc = v_cache.data_ptr<float>() + l * heads * n_ctx * kHeadDim;
+    const int64_t per_sequence = heads * n_ctx * kHeadDim;
+    float* kc = k_cache.data_ptr<float>() + l * sequences * per_sequence;
+    float* vc = v_cache.data_ptr<float>() + l * sequences * per_sequence;
 
     layer_norm(xp, params[base], params[base + 1], rows, d, normed.data());
     linear(qkv_proj, normed.data(), rows, qkv.data());
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t h = 0; h < heads; ++h) {
-        const int64_t slot = (h * n_ctx + start + m) * kHeadDim;
+        const int64_t slot =
+            at.sequence(m) * per_sequence + (h * n_ctx + at.position(m)) * kHeadDim;
         std::copy_n(&qkv[m * 3 * d + d + h * kHeadDim], kHeadDim, kc + slot);
         std::copy_n(&qkv[m * 3 * d + 2 * d + h * kHeadDim], kHeadDim, vc + slot);
       }
-    self_attention(qkv.data(), rows, start, heads, kc, vc, n_ctx, attn.data());
+    self_attention(qkv.data(), rows, at, heads, kc, vc, n_ctx, attn.data());
     linear(self_out, attn.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) xp[i] += y[i];
 
