@@ -1,5 +1,6 @@
-"""Our C++ kernels: ``torch.ops.audiofast.cross_attention`` (cross_attention.cpp) and
-``torch.ops.audiofast.decoder_forward``, the whole int8 decoder in one op (decoder_step.cpp).
+"""Our C++ kernels: ``torch.ops.audiofast.decoder_forward``, the whole int8 decoder in one op
+(decoder_step.cpp, over int8_linear.cpp's ``int8_linear``), and
+``torch.ops.audiofast.cross_attention`` (cross_attention.cpp, for the TorchScript step).
 
 Built on first use with the system compiler (``torch.utils.cpp_extension``, ~1 min, once per
 torch version; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "cross_attention.cpp", HERE / "decoder_step.cpp"]
+SOURCES = [HERE / "cross_attention.cpp", HERE / "int8_linear.cpp", HERE / "decoder_step.cpp"]
+HEADERS = [HERE / "avx2.h", HERE / "int8_linear.h", HERE / "pool.h"]
 _backend: str | None = None
 _fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
 
@@ -44,7 +46,7 @@ def is_built() -> bool:
     if os.environ.get("AUDIOFAST_KERNELS") == "torch" or not _cpu_supports_kernel():
         return False
     built = _built_library()
-    sources = [*SOURCES, HERE / "avx2.h", HERE / "pool.h", Path(__file__)]
+    sources = [*SOURCES, *HEADERS, Path(__file__)]
     return built.is_file() and built.stat().st_mtime > max(p.stat().st_mtime for p in sources)
 
 
