@@ -33,8 +33,8 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                    "compute types); auto (default): fast where its kernels are built and the "
                    "options allow it, else ct2")
     p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
-                   help="weights of the fast engine (int8: per-channel weights; with a "
-                        "drafter, per-row activation ranges keep drafting lossless)")
+                   help="weights of the fast engine (int8: per-channel weights, each row's "
+                        "activations quantized alone, so drafting is lossless)")
     p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,

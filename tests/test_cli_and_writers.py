@@ -114,3 +114,20 @@ def test_cli_samples_and_models():
     assert run.returncode == 0 and run.stdout.strip().endswith("two_cities.wav")
     run = _cli("models")
     assert "whisper-base (default)" in run.stdout and "whisper-tiny.en" in run.stdout
+
+
+def test_cli_engine_auto_picks_the_fused_decoder_where_it_may():
+    """--engine auto (the default): the owned fused int8 decoder for greedy, sequential int8
+    decoding where the kernels are built; CTranslate2 for beams, batched chunks or another
+    compute type; the fast engine's own options select it."""
+    from audiofast.asr import kernels
+    from audiofast.cli import build_parser
+    from audiofast.cli_transcribe import _choose_engine
+
+    parse = build_parser().parse_args
+    plain = "fast" if kernels.is_built() else "ct2"
+    assert _choose_engine(parse(["transcribe", "a.wav"])) == plain
+    for extra in (["--beam-size", "5"], ["--batch-size", "4"], ["--compute-type", "float32"]):
+        assert _choose_engine(parse(["transcribe", "a.wav", *extra])) == "ct2", extra
+    assert _choose_engine(parse(["transcribe", "a.wav", "--drafter", "ngram"])) == "fast"
+    assert _choose_engine(parse(["transcribe", "a.wav", "--precision", "fp32"])) == "fast"

@@ -70,8 +70,7 @@ class FusedDecoder:
                 params += (_norm_tensors(module) if isinstance(module, nn.LayerNorm)
                            else int8_linear_tensors(module))
         self.params = params
-
-        self.forked_k = self.forked_v = torch.empty(0)
+        self.forked_k = self.forked_v = torch.empty(0)  # fork()'s caches, kept between windows
 
     def __call__(self, tokens: torch.Tensor, start: int, last: int,
                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor]) -> torch.Tensor:
