@@ -252,7 +252,7 @@ class WhisperDecoderEngine(nn.Module):
         self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
             f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
         if self._fused is not None:
-            self.numerics = f"int8-fused-a8-per-row-rescore{rescore}-kv16-avx2"
+            self.numerics = f"int8-fused-a8-per-row-rescore{rescore}-kv16-kvproj8-avx2"
             self._run = self._prefill = None
             return
         if fp16_kv:
@@ -298,8 +298,9 @@ class WhisperDecoderEngine(nn.Module):
         self._audio = encoder_out
         enc = encoder_out.reshape(-1, self.d_model).to(self.dtype)
         cross_k, cross_v = [], []
-        for layer in self.step.layers:
-            k, v = layer.cross_kv(enc).chunk(2, dim=-1)
+        for i, layer in enumerate(self.step.layers):
+            project = layer.cross_kv if self._fused is None else self._fused.cross_kv[i]
+            k, v = project(enc).chunk(2, dim=-1)
             cross_k.append(self.step._heads(k)[0].to(self.kv_dtype).contiguous())
             cross_v.append(self.step._heads(v)[0].to(self.kv_dtype).contiguous())
         self._cross = (cross_k, cross_v)

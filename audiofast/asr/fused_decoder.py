@@ -70,6 +70,8 @@ class FusedDecoder:
                 params += (_norm_tensors(module) if isinstance(module, nn.LayerNorm)
                            else int8_linear_tensors(module))
         self.params = params
+        # The once-per-window K/V projection of the encoder output, each frame its own range.
+        self.cross_kv = [Int8Linear(int8_linear_tensors(layer.cross_kv)) for layer in step.layers]
         self.forked_k = self.forked_v = torch.empty(0)  # fork()'s caches, kept between windows
 
     def __call__(self, tokens: torch.Tensor, start: int, last: int,
