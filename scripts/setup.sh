@@ -12,7 +12,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 #    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
 #    Playwright drives this Debian build because Playwright's own browser download is blocked),
 #    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation),
-#    g++ (builds the decoder's cross-attention kernel; without it a slower fallback runs).
+#    g++ (builds the decoder's C++ kernels; without it the slower TorchScript decoder runs).
 missing=()
 for tool in ffmpeg espeak-ng flite sox chromium g++; do
   command -v "$tool" >/dev/null || missing+=("$tool")
@@ -45,6 +45,6 @@ fi
 "$VENV/bin/audiofast" models --prepare
 # 4. fadtk's reference statistics and clips (read out of its wheel; see audiofast/eval/fadtk_data.py).
 "$VENV/bin/python" -c "from audiofast.eval.fadtk_data import fadtk_dir; fadtk_dir()"
-# 5. The decoder's C++ cross-attention kernel, compiled once into the cache (~1 min).
+# 5. The decoder's C++ kernels (fused int8 decoder, cross-attention), compiled once into the cache (~1 min).
 "$VENV/bin/python" -m audiofast.asr.kernels
 echo "setup: done. Try: $VENV/bin/audiofast transcribe \$($VENV/bin/audiofast samples two_cities)"

@@ -95,7 +95,7 @@ def backend() -> str:
     if reason is None:
         _backend = "avx2"
     else:
-        warnings.warn(f"audiofast: C++ cross-attention kernel not used: {reason}; "
+        warnings.warn(f"audiofast: C++ decoder kernels not used: {reason}; "
                       "decoding with the PyTorch fallback", stacklevel=2)
         _register_torch_fallback()
         _backend = "torch"

@@ -2,4 +2,4 @@
 
 from audiofast.asr.kernels import backend
 
-print(f"audiofast: cross-attention kernel: {backend()}")
+print(f"audiofast: C++ decoder kernels: {backend()}")
