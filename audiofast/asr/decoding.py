@@ -129,25 +129,33 @@ def greedy_decode(
     return out
 
 
+def _draw(rules: LogitRules, logits: torch.Tensor, out: DecodeOutput, temperature: float,
+          generator: torch.Generator, limit: int) -> int | None:
+    """One sampled token appended to ``out`` (its log-prob counted); None when the sample
+    ends here (end-of-text, or the token budget is spent)."""
+    filtered = rules.apply(logits, out.tokens)
+    token = int(torch.multinomial((filtered / temperature).softmax(-1), 1, generator=generator))
+    out.sum_logprob += filtered.log_softmax(-1)[token].item()
+    if token == rules.tokenizer.eot or len(out.tokens) >= limit:
+        return None
+    out.tokens.append(token)
+    out.engine_calls += 1
+    return token
+
+
 def sample_decode(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
     temperature: float, generator: torch.Generator,
 ) -> DecodeOutput:
     """One sample at ``temperature`` (the fallback when greedy output looks wrong)."""
-    tok = rules.tokenizer
-    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
+    out, last, limit = _read_prompt(engine, prompt, rules.tokenizer, max_new_tokens)
     position = len(prompt)
     while True:
-        filtered = rules.apply(last, out.tokens)
-        probs = (filtered / temperature).softmax(-1)
-        token = int(torch.multinomial(probs, 1, generator=generator))
-        out.sum_logprob += filtered.log_softmax(-1)[token].item()
-        if token == tok.eot or len(out.tokens) >= limit:
+        token = _draw(rules, last, out, temperature, generator, limit)
+        if token is None:
             break
-        out.tokens.append(token)
         last = engine(torch.tensor([token]), position)[0]
         position += 1
-        out.engine_calls += 1
     return out
 
 
@@ -159,8 +167,8 @@ def sample_decode_forked(
     caches): the prompt is read once and each step is one engine call for all of them, so
     they share every weight read. Each sample draws from its own history, as
     :func:`sample_decode` does; finished ones feed end-of-text until all are done."""
-    tok = rules.tokenizer
-    first, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
+    eot = rules.tokenizer.eot
+    first, last, limit = _read_prompt(engine, prompt, rules.tokenizer, max_new_tokens)
     engine.fork(samples, len(prompt))
     outs = [DecodeOutput([], 0.0, first.no_speech_prob, engine_calls=1) for _ in range(samples)]
     lasts = [last] * samples
@@ -169,19 +177,9 @@ def sample_decode_forked(
     while True:
         tokens = []
         for i, out in enumerate(outs):
-            if done[i]:
-                tokens.append(tok.eot)
-                continue
-            filtered = rules.apply(lasts[i], out.tokens)
-            token = int(torch.multinomial((filtered / temperature).softmax(-1), 1,
-                                          generator=generator))
-            out.sum_logprob += filtered.log_softmax(-1)[token].item()
-            if token == tok.eot or len(out.tokens) >= limit:
-                done[i] = True
-            else:
-                out.tokens.append(token)
-                out.engine_calls += 1
-            tokens.append(token)
+            token = None if done[i] else _draw(rules, lasts[i], out, temperature, generator, limit)
+            done[i] = token is None
+            tokens.append(eot if token is None else token)
         if all(done):
             return outs
         rows = engine.forward_forked(torch.tensor(tokens), position)

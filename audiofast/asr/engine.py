@@ -248,13 +248,13 @@ class WhisperDecoderEngine(nn.Module):
         if self._fused is None:
             _cast(self.step, precision)
         # Which arithmetic runs: the judge's transcript cache keys on it. ("cross-bmm": cross-
-        # attention by two matmuls since the fused kernel came; SDPA before.)
-        self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
-            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
+        # attention by two matmuls since the C++ kernels came; SDPA before.)
         if self._fused is not None:
             self.numerics = f"int8-fused-a8-per-row-rescore{rescore}-kv16-kvproj8-avx2"
             self._run = self._prefill = None
             return
+        self.numerics = f"{precision}-cross-bmm" if precision != "int8" else \
+            f"int8-{'per-row' if invariant else 'per-channel-per-row-prompt'}-rescore{rescore}"
         if fp16_kv:
             self.numerics += f"-kv16-{kernel}"
         prefill = None

@@ -20,7 +20,7 @@ import torch
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cross_attention.cpp", HERE / "int8_linear.cpp", HERE / "decoder_step.cpp"]
-HEADERS = [HERE / "avx2.h", HERE / "int8_linear.h", HERE / "pool.h"]
+HEADERS = [HERE / "avx2.h", HERE / "cross_attention.h", HERE / "int8_linear.h", HERE / "pool.h"]
 _backend: str | None = None
 _fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "avx2.h"
+#include "cross_attention.h"
 #include "int8_linear.h"
 #include "pool.h"
 
@@ -23,7 +24,13 @@ namespace audiofast {
 
 namespace {
 
-constexpr int kTensorsPerLayer = 3 * 2 + 6 * kTensorsPerLinear;
+// decoder_forward's params, as fused_decoder.FusedDecoder lists them: 9 model-wide tensors,
+// then per layer three norms (weight, bias) and six linears (kTensorsPerLinear each).
+enum Param : int { kEmbed = 0, kPositions = 1, kFinalNorm = 2, kHead = 4, kExactHead = 8,
+                   kLayers = 9 };
+enum LayerParam : int { kSelfNorm = 0, kQkv = 2, kSelfOut = 6, kCrossNorm = 10, kCrossQ = 12,
+                        kCrossOut = 16, kFfnNorm = 20, kFc1 = 22, kFc2 = 26, kLayerSize = 30 };
+static_assert(kLayerSize == 3 * 2 + 6 * kTensorsPerLinear);
 
 void layer_norm(const float* x, const torch::Tensor& weight, const torch::Tensor& bias,
                 int64_t rows, int64_t d, float* out) {
@@ -67,26 +74,6 @@ void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t head
   });
 }
 
-// Each row's attention over the window's fp16 cross-attention K/V (q already scaled).
-void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const torch::Tensor& keys,
-                          const torch::Tensor& values, float* out) {
-  TORCH_CHECK(keys.scalar_type() == torch::kHalf && values.scalar_type() == torch::kHalf &&
-                  keys.is_contiguous() && values.is_contiguous() && keys.size(0) == heads &&
-                  keys.size(2) == kHeadDim && keys.sizes() == values.sizes(),
-              "cross-attention K/V must be contiguous (heads, frames, 64) float16");
-  const int64_t frames = keys.size(1), d = heads * kHeadDim;
-  const auto* k = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::Half>());
-  const auto* v = reinterpret_cast<const uint16_t*>(values.data_ptr<at::Half>());
-  pool().run(rows * heads, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(frames + 8);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t m = t / heads, h = t % heads;
-      attend(q + m * d + h * kHeadDim, k + h * frames * kHeadDim, v + h * frames * kHeadDim,
-             frames, scores.data(), out + m * d + h * kHeadDim);
-    }
-  });
-}
-
 }  // namespace
 
 // tokens (rows,) at positions start .. start + rows - 1 through every layer (or, with a cache
@@ -96,8 +83,8 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
                               std::vector<torch::Tensor> params, torch::Tensor k_cache,
                               torch::Tensor v_cache, std::vector<torch::Tensor> cross_k,
                               std::vector<torch::Tensor> cross_v, int64_t rescore) {
-  const auto& embed = params[0];
-  const auto& positions = params[1];
+  const auto& embed = params[kEmbed];
+  const auto& positions = params[kPositions];
   const int64_t d = embed.size(1), rows = tokens.size(0), layers = k_cache.size(0);
   const int64_t sequences = k_cache.size(1), heads = k_cache.size(2), n_ctx = k_cache.size(3);
   const Rows at{start, sequences};
@@ -107,31 +94,34 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
               "with several cached sequences, give one token per sequence");
   TORCH_CHECK(start >= 0 && at.position(rows - 1) < n_ctx, "positions exceed the decoder context");
   TORCH_CHECK(heads * kHeadDim == d && d % 32 == 0, "model width must be heads x 64");
-  TORCH_CHECK(params.size() == 9 + layers * kTensorsPerLayer && cross_k.size() == layers &&
+  TORCH_CHECK(params.size() == kLayers + layers * kLayerSize && cross_k.size() == layers &&
                   cross_v.size() == layers && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "decoder_forward: parameters do not match the cache's layer count");
   const int64_t* ids = tokens.data_ptr<int64_t>();
-  auto x = torch::empty({rows, d});
-  float* xp = x.data_ptr<float>();
+  std::vector<float> x(rows * d);  // the residual stream
+  float* xp = x.data();
   for (int64_t m = 0; m < rows; ++m) {
     TORCH_CHECK(ids[m] >= 0 && ids[m] < embed.size(0), "token id out of the vocabulary");
     const float* e = embed.data_ptr<float>() + ids[m] * d;
     const float* pos = positions.data_ptr<float>() + at.position(m) * d;
     for (int64_t i = 0; i < d; ++i) xp[m * d + i] = e[i] + pos[i];
   }
-  const int64_t ff = params[9 + 25].numel();  // fc1 bias: its output width
+  const int64_t ff = linear_at(params, kLayers + kFc1).out;
   std::vector<float> normed(rows * d), qkv(rows * 3 * d), attn(rows * d), y(rows * d),
       hidden(rows * ff);
   for (int64_t l = 0; l < layers; ++l) {
-    const size_t base = 9 + l * kTensorsPerLayer;
-    const auto qkv_proj = linear_at(params, base + 2), self_out = linear_at(params, base + 6);
-    const auto cross_q = linear_at(params, base + 12), cross_out = linear_at(params, base + 16);
-    const auto fc1 = linear_at(params, base + 22), fc2 = linear_at(params, base + 26);
+    const size_t base = kLayers + l * kLayerSize;
+    const auto qkv_proj = linear_at(params, base + kQkv);
+    const auto self_out = linear_at(params, base + kSelfOut);
+    const auto cross_q = linear_at(params, base + kCrossQ);
+    const auto cross_out = linear_at(params, base + kCrossOut);
+    const auto fc1 = linear_at(params, base + kFc1), fc2 = linear_at(params, base + kFc2);
     const int64_t per_sequence = heads * n_ctx * kHeadDim;
     float* kc = k_cache.data_ptr<float>() + l * sequences * per_sequence;
     float* vc = v_cache.data_ptr<float>() + l * sequences * per_sequence;
 
-    layer_norm(xp, params[base], params[base + 1], rows, d, normed.data());
+    layer_norm(xp, params[base + kSelfNorm], params[base + kSelfNorm + 1], rows, d,
+               normed.data());
     linear(qkv_proj, normed.data(), rows, qkv.data());
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t h = 0; h < heads; ++h) {
@@ -144,14 +134,16 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
     linear(self_out, attn.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) xp[i] += y[i];
 
-    layer_norm(xp, params[base + 10], params[base + 11], rows, d, normed.data());
+    layer_norm(xp, params[base + kCrossNorm], params[base + kCrossNorm + 1], rows, d,
+               normed.data());
     linear(cross_q, normed.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) y[i] *= 0.125f;  // 1 / sqrt(64), exact
     cross_attention_rows(y.data(), rows, heads, cross_k[l], cross_v[l], attn.data());
     linear(cross_out, attn.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) xp[i] += y[i];
 
-    layer_norm(xp, params[base + 20], params[base + 21], rows, d, normed.data());
+    layer_norm(xp, params[base + kFfnNorm], params[base + kFfnNorm + 1], rows, d,
+               normed.data());
     linear(fc1, normed.data(), rows, hidden.data());
     gelu(hidden.data(), rows * ff);
     linear(fc2, hidden.data(), rows, y.data());
@@ -159,11 +151,11 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
   }
   const int64_t out_rows = last > 0 ? std::min(last, rows) : rows;
   const float* tail = xp + (rows - out_rows) * d;
-  layer_norm(tail, params[2], params[3], out_rows, d, normed.data());
-  const auto head = linear_at(params, 4);
+  layer_norm(tail, params[kFinalNorm], params[kFinalNorm + 1], out_rows, d, normed.data());
+  const auto head = linear_at(params, kHead);
   auto logits = torch::empty({out_rows, head.out});
   linear(head, normed.data(), out_rows, logits.data_ptr<float>());
-  const auto& exact = params[8];
+  const auto& exact = params[kExactHead];
   if (rescore > 0 && exact.numel() > 0) {
     // The int8 head's top candidates, exactly: near-ties among them decide words.
     const auto top = std::get<1>(logits.topk(std::min(rescore, head.out), 1));
