@@ -1,4 +1,5 @@
-"""A resumable training loop: atomic checkpoints, exact resume, progress and a loss log.
+"""A resumable training loop: atomic checkpoints, exact resume, progress and a loss log
+(EMA from diffusers' ``EMAModel``; data-parallel gradient averaging under accelerate).
 
 Every stage that trains (the teacher's autoencoder and DiT, later the distillation stages) runs
 through :func:`train`. Randomness for step ``k`` comes from a generator seeded with
@@ -74,6 +75,46 @@ def _lr_factor(step: int, opts: TrainOptions) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def _check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path) -> None:
+    """A checkpoint of another architecture: one line naming the first key that differs."""
+    own = model.state_dict()
+    for key, value in own.items():
+        if key not in state:
+            raise RuntimeError(f"{where}: checkpoint of another architecture: no {key}")
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise RuntimeError(f"{where}: checkpoint of another architecture: {key} has shape "
+                               f"{list(state[key].shape)}, this model {list(value.shape)}")
+    extra = [k for k in state if k not in own]
+    if extra:
+        raise RuntimeError(f"{where}: checkpoint of another architecture: unexpected {extra[0]}")
+
+
+class GradientSync:
+    """Data-parallel glue for :func:`train` under ``accelerate launch``: averages gradients and
+    losses over processes; only the main process writes checkpoints and logs."""
+
+    def __init__(self, accelerator):  # an accelerate.Accelerator
+        self.accelerator = accelerator
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.reduce(tensor.detach().clone(), reduction="mean")
+
+    def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = self.mean(torch.cat([g.reshape(-1) for g in grads]))
+        offset = 0
+        for p, g in zip(params, grads, strict=True):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).to(g.dtype)
+            offset += g.numel()
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+
 def train(
     model: torch.nn.Module,
     step_fn: StepFn,
@@ -81,18 +122,24 @@ def train(
     checkpoint: str | Path,
     desc: str = "train",
     params: list[torch.nn.Parameter] | None = None,
+    sync: GradientSync | None = None,
 ) -> torch.nn.Module:
     """Train ``model`` for ``opts.steps`` steps of ``step_fn``, resuming from ``checkpoint`` if
     it exists. Returns the EMA copy of the model when ``opts.ema_decay`` is set, else the model.
 
-    A ``<checkpoint>.log.jsonl`` beside the checkpoint gets one line per step.
+    A ``<checkpoint>.log.jsonl`` beside the checkpoint gets one line per step. With ``sync``
+    (several processes), each step's gradients and loss are averaged over processes before
+    the update, so every process keeps the same weights.
     """
+    main = sync is None or sync.is_main
     checkpoint = Path(checkpoint)
     params = [p for p in (params or model.parameters()) if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, weight_decay=opts.weight_decay)
     ema = None
-    if opts.ema_decay is not None:
-        ema = copy.deepcopy(model).requires_grad_(False)
+    if opts.ema_decay is not None:  # diffusers' EMA: decay min(ema_decay, (1 + k) / (10 + k))
+        from diffusers.training_utils import EMAModel
+
+        ema = EMAModel(params, decay=opts.ema_decay)
     start = 0
     if checkpoint.is_file():
         try:
@@ -102,24 +149,30 @@ def train(
                 f"{checkpoint}: unreadable checkpoint ({type(exc).__name__}); delete it to "
                 "start this stage over"
             ) from None
+        _check_state(model, state["model"], checkpoint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
         start = int(state["step"])
     log_path = checkpoint.with_name(checkpoint.name + ".log.jsonl")
-    if log_path.is_file():  # drop lines of steps past the checkpoint: they will be redone
+    if not main:
+        log_path = Path(os.devnull)
+    elif log_path.is_file():  # drop lines of steps past the checkpoint: they will be redone
         kept = [ln for ln in log_path.read_text().splitlines() if _logged_step(ln) < start]
         log_path.write_text("".join(line + "\n" for line in kept))
 
     def save(step: int) -> None:
+        if not main:
+            return
         state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
         if ema is not None:
             state["ema"] = ema.state_dict()
         save_atomic(state, checkpoint)
 
     model.train()
-    bar = tqdm(range(start, opts.steps), initial=start, total=opts.steps, desc=desc)
+    bar = tqdm(range(start, opts.steps), initial=start, total=opts.steps, desc=desc,
+               disable=not main)
     with log_path.open("a", encoding="utf-8") as log:
         for step in bar:
             for group in optimizer.param_groups:
@@ -129,18 +182,26 @@ def train(
                 raise FloatingPointError(f"{desc}: loss is {loss.item()} at step {step}")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if sync is not None:
+                sync.average_gradients(params)
+                loss = sync.mean(loss)
             torch.nn.utils.clip_grad_norm_(params, opts.grad_clip)
             optimizer.step()
             if ema is not None:
-                decay = min(opts.ema_decay, (1 + step) / (10 + step))
-                with torch.no_grad():
-                    for e, p in zip(ema.parameters(), model.parameters(), strict=True):
-                        e.lerp_(p, 1 - decay)
+                ema.step(params)
             record = {"step": step, "loss": round(loss.item(), 6)} | extra
             log.write(json.dumps(record) + "\n")
-            bar.set_postfix(loss=f"{loss.item():.4f}")
+            bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
             if (step + 1) % opts.checkpoint_every == 0 or step + 1 == opts.steps:
                 log.flush()
                 save(step + 1)
+                if sync is not None:
+                    sync.barrier()
     model.eval()
-    return (ema if ema is not None else model).eval()
+    if ema is None:
+        return model
+    averaged = copy.deepcopy(model).requires_grad_(False)
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    named = dict(averaged.named_parameters())
+    ema.copy_to([named[by_id[id(p)]] for p in params])
+    return averaged.eval()

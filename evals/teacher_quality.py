@@ -18,14 +18,8 @@ from pathlib import Path
 import torch
 
 from audiofast.diffusion.generate import generate, load_for_generation
-from audiofast.diffusion.quality import (
-    CATEGORIES,
-    Judge,
-    category_of,
-    train_classifier,
-)
+from audiofast.diffusion.quality import build_judge
 from audiofast.diffusion.teacher import CLIP_SECONDS, SynthSet
-from audiofast.eval.fad import WhisperEmbedder
 
 SETTINGS = [  # (label, sampler, steps, cfg)
     ("pingpong 8, cfg 1", "pingpong", 8, 1.0),
@@ -34,13 +28,6 @@ SETTINGS = [  # (label, sampler, steps, cfg)
     ("euler 50, cfg 1", "euler", 50, 1.0),
     ("euler 50, cfg 5", "euler", 50, 5.0),
 ]
-
-
-def build_judge(reference: SynthSet, train_clips: int = 1500, steps: int = 300) -> Judge:
-    train = SynthSet.build(train_clips, seed=7)
-    labels = torch.tensor([CATEGORIES.index(category_of(m)) for m in train.meta])
-    classifier = train_classifier(train.audio, labels, steps=steps)
-    return Judge(classifier, WhisperEmbedder(threads=2, short_windows=True), reference.audio)
 
 
 def evaluate(model_dir: str, clips: int, seed: int, judge_clips: int = 1500,

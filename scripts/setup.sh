@@ -31,7 +31,7 @@ stamp="$VENV/.audiofast-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python dependencies into $VENV (torch is large: a few minutes)"
-  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev]" >"$VENV/pip.log" 2>&1; then
+  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev,diffusion,sweep]" >"$VENV/pip.log" 2>&1; then
     grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1

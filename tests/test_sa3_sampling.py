@@ -21,40 +21,18 @@ from audiofast.diffusion.sampling import (
     schedule,
     unconditional,
 )
-from audiofast.diffusion.synthetic import randomize_, tiny_config, write_synthetic_checkpoint
+from audiofast.diffusion.synthetic import (
+    randomize_,
+    tiny_config,
+    tiny_text_encoder,
+    write_checkpoint_with_text_encoder,
+    write_synthetic_checkpoint,
+)
 
 DATA = Path(__file__).parent / "data" / "sa3"
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: threads only add overhead
-
-
-def tiny_text_encoder():
-    """A random one-layer T5Gemma (768 wide, as the conditioner expects) and a word tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, T5GemmaConfig, T5GemmaEncoderModel
-
-    words = ["<pad>", "<unk>", "soft", "loud", "piano", "drums", "rain", "wind", "a", "of"]
-    vocab = {w: i for i, w in enumerate(words)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
-    enc = dict(
-        vocab_size=len(vocab),
-        hidden_size=768,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        sliding_window=16,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    config = T5GemmaConfig(encoder=enc, decoder=enc, vocab_size=len(vocab))
-    config.is_encoder_decoder = False
-    return T5GemmaEncoderModel(config), tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +207,7 @@ def test_seeds_and_batches(tiny_model, sampler: str, cfg_scale: float) -> None:
 
 def _checkpoint_with_text_encoder(tmp_path: Path) -> Path:
     """A synthetic checkpoint with the real layout and a tiny T5Gemma in its subfolder."""
-    config = tiny_config()
-    config["model"]["conditioning"]["configs"][0]["config"]["subfolder"] = "t5gemma"
-    directory = write_synthetic_checkpoint(tmp_path / "ckpt", config)
-    encoder, tokenizer = tiny_text_encoder()
-    encoder.save_pretrained(directory / "t5gemma")
-    tokenizer.save_pretrained(directory / "t5gemma")
-    return directory
+    return write_checkpoint_with_text_encoder(tmp_path / "ckpt")
 
 
 def test_checkpoint_round_trip_to_wav(tmp_path: Path) -> None:
@@ -285,3 +257,31 @@ def test_generate_command_writes_stereo_wav(tmp_path: Path, capsys) -> None:
         assert (f.getframerate(), f.getnchannels(), f.getnframes()) == (44100, 2, 882)
     with pytest.raises(SystemExit, match="directory not found"):
         main(["generate", "x", "--model", str(tmp_path / "nope")])
+
+
+def test_euler_matches_diffusers_flow_match_scheduler() -> None:
+    """An independent implementation of the same flow ODE step (diffusers'
+    FlowMatchEulerDiscreteScheduler, fed our schedule as its sigmas) lands on the same sample."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    gen = torch.Generator().manual_seed(0)
+    mix = torch.randn(8, 8, generator=gen) * 0.5
+
+    def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.einsum("ij,bjt->bit", mix, x)) + t[:, None, None] * x
+
+    def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return x - t[:, None, None] * velocity(x, t)
+
+    ts = schedule(12, DEFAULT_SAMPLING_SHIFT)
+    x = torch.randn(2, 8, 16, generator=gen)
+    ours = sample_euler(denoise, x.clone(), ts)
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.0)
+    scheduler.set_timesteps(sigmas=ts[:-1].tolist())
+    torch.testing.assert_close(scheduler.sigmas.float(), ts, atol=1e-6, rtol=0)
+    theirs = x.clone()
+    for i, timestep in enumerate(scheduler.timesteps):
+        v = velocity(theirs, scheduler.sigmas[i].float().expand(2))
+        theirs = scheduler.step(v, timestep, theirs).prev_sample
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ours, sample_euler(denoise, x.clone(), schedule(6)), atol=1e-3)

@@ -43,6 +43,7 @@ class LogitRules:
         if not self.timestamps:
             logits[ts:] = -torch.inf
             return logits
+        logits[self.tokenizer.no_timestamps] = -torch.inf  # as openai-whisper's ApplyTimestampRules
         last_is_ts = bool(generated) and generated[-1] >= ts
         penultimate_is_ts = len(generated) < 2 or generated[-2] >= ts
         if last_is_ts:

@@ -46,7 +46,9 @@ class SA3Model(nn.Module):
         super().__init__()
         self.config = config
         cond = config.conditioning
-        self.model = nn.ModuleDict({"model": DiT(config.dit)})
+        folded = config.student.guidance if config.student else None
+        embed = folded is not None and folded.range is not None
+        self.model = nn.ModuleDict({"model": DiT(config.dit, guidance_embed=embed)})
         self.conditioner = nn.ModuleDict(
             {"conditioners": build_conditioners(cond.text, cond.numbers, cond.cond_dim)}
         )
@@ -163,6 +165,10 @@ def build_model(
         config = SA3Config.from_dict(dict(config))
     with torch.device(device):
         model = SA3Model(config)
+    if config.student is not None and config.student.quantization is not None:
+        from audiofast.diffusion.int8 import empty_int8_dit_
+
+        empty_int8_dit_(model.dit)  # int8 weights + scales, as the file stores them
     return model.to(dtype) if dtype is not None else model
 
 

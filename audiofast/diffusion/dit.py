@@ -115,6 +115,7 @@ class Transformer(nn.Module):
 
 # Upstream's optional log-SNR timestep conditioning maps t into this fixed range.
 _LOGSNR_MIN, _LOGSNR_MAX = -12.0, 5.0
+GUIDANCE_NORM = 10.0  # guidance scales of 1-10 land in the Fourier features' first period
 
 
 class DiT(nn.Module):
@@ -124,7 +125,7 @@ class DiT(nn.Module):
     prefix its ``state_dict`` is the checkpoint's.
     """
 
-    def __init__(self, cfg: DiTConfig):
+    def __init__(self, cfg: DiTConfig, guidance_embed: bool = False):
         super().__init__()
         self.config = cfg
         dim, io = cfg.embed_dim, cfg.io_channels
@@ -140,6 +141,10 @@ class DiT(nn.Module):
         self.postprocess_conv = nn.Conv1d(io, io, 1, bias=False)
         nn.init.zeros_(self.preprocess_conv.weight)
         nn.init.zeros_(self.postprocess_conv.weight)
+        if guidance_embed:  # a CFG-folded student's scale input (diffusion/cfg_distill.py)
+            self.to_guidance_embed = _mlp(cfg.timestep_features_dim, dim)
+            nn.init.zeros_(self.to_guidance_embed[2].weight)  # starts as the teacher exactly
+            nn.init.zeros_(self.to_guidance_embed[2].bias)
 
     def _time_input(self, t: torch.Tensor) -> torch.Tensor:
         if not self.config.timestep_features_logsnr:
@@ -156,6 +161,7 @@ class DiT(nn.Module):
         global_cond: torch.Tensor,
         local_cond: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
+        guidance: float | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict the flow velocity ``v = noise - x0`` for latents ``x`` at time ``t``.
 
@@ -166,6 +172,8 @@ class DiT(nn.Module):
             None means zeros, which is what upstream feeds for plain text-to-audio; the MLP's
             biases make zeros differ from leaving it out.
         padding_mask: ``[B, T]`` True where latents are real (valid-length generation).
+        guidance: the guidance scale of a CFG-folded student with a scale embedding (a float or
+            ``[B]``); it enters the global embedding as ``w / 10`` through Fourier features.
         """
         dtype = self.preprocess_conv.weight.dtype
         x = x.to(dtype)
@@ -177,6 +185,12 @@ class DiT(nn.Module):
         global_embed = self.to_global_embed(global_cond) + self.to_timestep_embed(
             self.timestep_features(time[:, None])
         )
+        if hasattr(self, "to_guidance_embed"):
+            if guidance is None:
+                raise ValueError("this DiT has a guidance-scale embedding: pass guidance")
+            w = torch.as_tensor(guidance, dtype=torch.float32, device=x.device).expand(x.shape[0])
+            features = self.timestep_features(w[:, None] / GUIDANCE_NORM).to(dtype)
+            global_embed = global_embed + self.to_guidance_embed(features)
         x = self.preprocess_conv(x) + x
         local = None if local_cond is None else local_cond.to(dtype).transpose(1, 2)
         mask = None if padding_mask is None else padding_mask.bool()

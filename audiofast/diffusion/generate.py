@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import wave
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,13 +21,20 @@ from audiofast.diffusion.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    Conditioning,
     SA3Model,
     attach_text_encoder,
     load_checkpoint,
 )
 from audiofast.diffusion.conditioners import TextConditioner
 from audiofast.diffusion.config import ConfigError, SA3Config
-from audiofast.diffusion.sampling import SAMPLERS, guided_denoiser, randn_like, schedule
+from audiofast.diffusion.sampling import (
+    SAMPLERS,
+    Denoiser,
+    guided_denoiser,
+    randn_like,
+    schedule,
+)
 from audiofast.diffusion.spectral import SpectrogramConfig
 
 HEADROOM_SECONDS = 6.0  # upstream's ``duration_padding_sec``
@@ -69,8 +77,8 @@ def generate(
     model: SA3Model,
     prompts: list[str],
     seconds: float,
-    steps: int = 8,
-    cfg_scale: float = 1.0,
+    steps: int | None = None,
+    cfg_scale: float | None = None,
     sampler: str | None = None,
     seed: int = 0,
     progress: bool = True,
@@ -78,13 +86,17 @@ def generate(
 ) -> torch.Tensor:
     """Audio ``[len(prompts), channels, seconds * sample_rate]`` in [-1, 1] for each prompt.
 
-    ``sampler`` defaults to the checkpoint's (pingpong for distilled ``rf_denoiser`` models,
-    Euler otherwise); ``cfg_scale`` 1 runs no unconditional pass. Prompt ``i`` is seeded with
+    ``sampler`` and ``steps`` default to the checkpoint's: a distilled student's own sampler and
+    times, else pingpong for post-trained ``rf_denoiser`` models and Euler otherwise, 8 steps.
+    ``cfg_scale`` 1 (the default) runs no unconditional pass; on a CFG-folded student it picks
+    the folded scale (one pass per step whatever the scale). Prompt ``i`` is seeded with
     ``seed + i`` on CPU generators, so its audio does not depend on the rest of the batch or
     the device and equals a one-prompt run with that seed.
     """
     cfg = model.config
-    sampler = sampler or cfg.diffusion.default_sampler
+    own = cfg.student.sampler if cfg.student else None
+    sampler = sampler or (own.name if own else cfg.diffusion.default_sampler)
+    steps = steps or (own.steps if own else 8)
     if sampler not in SAMPLERS:
         raise ValueError(f"unknown sampler {sampler!r} (choose from {sorted(SAMPLERS)})")
     if not prompts:
@@ -97,16 +109,37 @@ def generate(
     inputs.update({c.id: [float(seconds)] * batch for c in cfg.conditioning.numbers})
     cond = model.condition(inputs)
     mask = (torch.arange(lengths.latents, device=device) < lengths.valid).expand(batch, -1)
-    denoise = guided_denoiser(model.dit, cond, None, cfg_scale, apg_scale, padding_mask=mask)
+    denoise = model_denoiser(model, cond, cfg_scale, apg_scale, padding_mask=mask)
 
     generators = [torch.Generator().manual_seed(seed + i) for i in range(batch)]
     x = randn_like(torch.empty(batch, cfg.io_channels, lengths.latents), generators)
-    ts = schedule(steps, cfg.diffusion.sampling_shift, seq_len=lengths.content)
+    if own and steps == own.steps:
+        ts = torch.tensor(own.times)
+    else:
+        ts = schedule(steps, cfg.diffusion.sampling_shift, seq_len=lengths.content)
     extra = {"generator": generators} if sampler == "pingpong" else {}
     latents = SAMPLERS[sampler](denoise, x.to(device), ts, progress=progress, **extra)
 
     audio = model.autoencoder.decode(latents).float().clamp(-1, 1)
     return audio[..., : int(seconds * cfg.sample_rate)]
+
+
+def model_denoiser(
+    model: SA3Model,
+    cond: Conditioning,
+    cfg_scale: float | None = None,
+    apg_scale: float = 1.0,
+    padding_mask: torch.Tensor | None = None,
+) -> Denoiser:
+    """``denoise(x, t) -> x0_hat`` for ``model`` at guidance ``cfg_scale``: two passes per step
+    with CFG on a plain checkpoint (one at scale 1), always one on a CFG-folded student."""
+    folded = model.config.student.guidance if model.config.student else None
+    if folded is None:
+        scale = 1.0 if cfg_scale is None else cfg_scale
+        return guided_denoiser(model.dit, cond, None, scale, apg_scale, padding_mask=padding_mask)
+    scale = folded.check(cfg_scale if cfg_scale != 1.0 or folded.range else None)
+    dit = partial(model.dit, guidance=scale) if folded.range is not None else model.dit
+    return guided_denoiser(dit, cond, padding_mask=padding_mask)
 
 
 def save_audio(path: str | Path, audio: torch.Tensor, sample_rate: int) -> Path:

@@ -162,3 +162,14 @@ class Judge:
             "notes": len(notes),
             "clips": len(metas),
         }
+
+
+def build_judge(reference, train_clips: int = 1500, steps: int = 300) -> Judge:
+    """A :class:`Judge` against ``reference`` (a :class:`~audiofast.diffusion.teacher.SynthSet`
+    of held-out real clips), its classifier trained on other synthetic clips (seed 7)."""
+    from audiofast.diffusion.teacher import SynthSet
+
+    train = SynthSet.build(train_clips, seed=7)
+    labels = torch.tensor([CATEGORIES.index(category_of(m)) for m in train.meta])
+    classifier = train_classifier(train.audio, labels, steps=steps)
+    return Judge(classifier, WhisperEmbedder(threads=2, short_windows=True), reference.audio)

@@ -206,7 +206,7 @@ def guided_denoiser(
     dit: Callable[..., torch.Tensor],
     cond: Conditioning,
     uncond: Conditioning | None = None,
-    cfg_scale: float = 1.0,
+    cfg_scale: float | torch.Tensor = 1.0,
     apg_scale: float = 1.0,
     padding_mask: torch.Tensor | None = None,
     local_cond: torch.Tensor | None = None,
@@ -218,13 +218,14 @@ def guided_denoiser(
     Otherwise conditional and unconditional (default :func:`unconditional`) run as one doubled
     batch and guidance acts on the x0 predictions, ``x0_c + (cfg_scale - 1) * delta``, where
     ``delta = x0_c - x0_u`` has its component parallel to ``x0_c`` removed in proportion to
-    ``apg_scale`` (1: full APG, upstream's default; 0: plain CFG).
+    ``apg_scale`` (1: full APG, upstream's default; 0: plain CFG). ``cfg_scale`` may be a
+    ``[B]`` tensor, one scale per item (guidance distillation trains over a range of scales).
     """
 
     def x0_from_v(x: torch.Tensor, t: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return x - t[:, None, None] * v.to(x.dtype)
 
-    if cfg_scale == 1.0:
+    if not torch.is_tensor(cfg_scale) and cfg_scale == 1.0:
 
         def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             v = dit(x, t, cond.cross_attn_cond, cond.global_cond, local_cond, padding_mask)
@@ -245,6 +246,7 @@ def guided_denoiser(
         if apg_scale != 0.0:
             _, orthogonal = apg_project(delta, x0_cond, padding_mask)
             delta = apg_scale * orthogonal + (1 - apg_scale) * delta
-        return x0_cond + (cfg_scale - 1) * delta
+        scale = cfg_scale[:, None, None] if torch.is_tensor(cfg_scale) else cfg_scale
+        return x0_cond + (scale - 1) * delta
 
     return guided

@@ -142,3 +142,39 @@ def write_synthetic_checkpoint(
     save_file(tensors, str(directory / WEIGHTS_NAME))
     (directory / CONFIG_NAME).write_text(json.dumps(config, indent=2), encoding="utf-8")
     return directory
+
+
+def tiny_text_encoder():
+    """A random one-layer T5Gemma encoder (768 wide, as SA3's conditioner expects) and a word
+    tokenizer: what a synthetic checkpoint bundles where the real T5Gemma cannot be loaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, T5GemmaConfig, T5GemmaEncoderModel
+
+    words = ["<pad>", "<unk>", "soft", "loud", "piano", "drums", "rain", "wind", "a", "of"]
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
+    enc = dict(vocab_size=len(vocab), hidden_size=768, intermediate_size=32, num_hidden_layers=1,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+               query_pre_attn_scalar=16, sliding_window=16, pad_token_id=0)
+    torch.manual_seed(0)
+    config = T5GemmaConfig(encoder=enc, decoder=enc, vocab_size=len(vocab))
+    config.is_encoder_decoder = False
+    return T5GemmaEncoderModel(config), tokenizer
+
+
+def write_checkpoint_with_text_encoder(directory: str | Path,
+                                       config: dict[str, Any] | None = None,
+                                       seed: int = 0) -> Path:
+    """:func:`write_synthetic_checkpoint` plus a tiny T5Gemma in the ``t5gemma`` subfolder the
+    config names, so the checkpoint loads and generates with no download."""
+    config = copy.deepcopy(config or tiny_config())
+    for entry in config["model"]["conditioning"]["configs"]:
+        if entry["type"] == "t5gemma":
+            entry.setdefault("config", {})["subfolder"] = "t5gemma"
+    directory = write_synthetic_checkpoint(directory, config, seed)
+    encoder, tokenizer = tiny_text_encoder()
+    encoder.save_pretrained(directory / "t5gemma")
+    tokenizer.save_pretrained(directory / "t5gemma")
+    return directory

@@ -7,9 +7,11 @@ interval, and the same change on real recordings (the anchor set) beside it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import jiwer
 import numpy as np
@@ -141,6 +143,7 @@ class CachedASR:
                     f"{compute_type}:{self.options}")
         if parsed.encoder != "ct2":
             identity += f":{parsed.encoder}"
+        identity += f":{decoding_code_version()}"
         digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
         self.cache = cache_dir() / "transcripts" / digest
 
@@ -157,6 +160,38 @@ class CachedASR:
         tmp.write_text(json.dumps({"spec": self.spec, "segments": segments}))
         tmp.replace(path)
         return segments
+
+
+@functools.cache
+def decoding_code_version() -> str:
+    """What decides a transcript besides the weights and options: the audiofast version, a hash
+    of the ASR lane's sources (decoding rules, engines, kernels), the ctranslate2 and torch
+    versions and the CPU's vector ISA (int8 paths differ between AVX2 and AVX-512). A cached
+    transcript made by other code is never served again."""
+    import ctranslate2
+    import torch
+
+    from audiofast import __version__
+
+    asr = Path(__file__).resolve().parents[1] / "asr"
+    digest = hashlib.sha256()
+    for path in sorted([*asr.rglob("*.py"), *asr.rglob("*.cpp"), *asr.rglob("*.h")]):
+        digest.update(path.name.encode() + path.read_bytes())
+    return (f"audiofast-{__version__}:src-{digest.hexdigest()[:12]}:ct2-{ctranslate2.__version__}"
+            f":torch-{torch.__version__}:{cpu_isa()}")
+
+
+def cpu_isa() -> str:
+    """The widest integer-dot-product ISA this CPU has, as the int8 kernels choose it."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    for isa in ("avx512_vnni", "avx512f", "avx2"):
+        if isa in flags:
+            return isa
+    return "sse"
 
 
 @dataclass

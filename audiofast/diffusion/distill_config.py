@@ -1,0 +1,193 @@
+"""Typed stage configs for ``audiofast distill --stage cfg|steps|qad`` (``configs/distill/*.yaml``).
+
+Every key is known: an unknown or mistyped key, or a value out of range, is a one-line
+:class:`StageConfigError` naming it, raised before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+STAGES = ("cfg", "steps", "qad")
+
+
+class StageConfigError(ValueError):
+    """A malformed stage config (one line, naming the key)."""
+
+
+@dataclass(frozen=True)
+class GuidanceSpec:
+    scale: float = 5.0  # the scale folded in (the default one when a range is folded)
+    range: tuple[float, float] | None = None  # fold every scale in [lo, hi] (scale embedding)
+    apg_scale: float = 1.0  # the sampler's APG projection (1: full, 0: plain CFG)
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    name: str = "pingpong"
+    steps: int = 8  # the parent's steps (cfg, qad) or the student's target (steps: --to)
+    parent_steps: int = 8  # steps: the parent's schedule the student halves (--from)
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Training latents: ``synth`` (the proving ground's captioned clips, encoded by the
+    checkpoint's pretransform) or ``gaussian`` (random latents and the given prompts: for
+    architecture smoke tests; guidance and step distillation only need x_t and a caption)."""
+
+    kind: str = "synth"
+    clips: int = 2000
+    seed: int = 1  # the teacher trained on seed 1; evaluation uses seeds 1000+
+    seconds: float | None = None  # default: the checkpoint's sample_size
+    prompts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 300
+    batch: int = 16
+    lr: float = 1e-4
+    warmup: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ema_decay: float | None = None
+    checkpoint_every: int = 25
+    seed: int = 0
+    schedule_time_prob: float = 0.5  # share of items at the sampler's own times
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """The automatic gate at the end of a stage (see :mod:`audiofast.diffusion.stage_gate`)."""
+
+    enabled: bool = True
+    clips: int = 160
+    seed: int = 0
+    max_fad_ratio: float = 1.1
+    min_pitch_ratio: float = 0.95  # proving ground only: vs the baseline's pitch accuracy
+    min_category_ratio: float = 0.95
+    baseline_steps: int = 8
+    baseline_cfg: float = 5.0
+    baseline_sampler: str = "pingpong"
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    stage: str
+    guidance: GuidanceSpec = field(default_factory=GuidanceSpec)
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    gate: GateSpec = field(default_factory=GateSpec)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "config") -> StageConfig:
+        cfg = _build(cls, data, where)
+        if cfg.stage not in STAGES:
+            raise StageConfigError(f"{where}.stage={cfg.stage!r}: choose from {list(STAGES)}")
+        g = cfg.guidance
+        if g.range is not None and not g.range[0] <= g.scale <= g.range[1]:
+            raise StageConfigError(f"{where}.guidance.range={list(g.range)} must contain "
+                                   f"guidance.scale={g.scale}")
+        if cfg.sampler.name not in ("pingpong", "euler"):
+            raise StageConfigError(f"{where}.sampler.name={cfg.sampler.name!r}: choose from "
+                                   "['pingpong', 'euler']")
+        s = cfg.sampler
+        if cfg.stage == "steps" and (s.steps < 1 or s.parent_steps % s.steps):
+            raise StageConfigError(f"{where}.sampler: parent_steps={s.parent_steps} must be a "
+                                   f"multiple of steps={s.steps}")
+        if cfg.data.kind not in ("synth", "gaussian"):
+            raise StageConfigError(f"{where}.data.kind={cfg.data.kind!r}: choose from "
+                                   "['synth', 'gaussian']")
+        if cfg.data.kind == "gaussian" and not cfg.data.prompts:
+            raise StageConfigError(f"{where}.data.prompts: gaussian data needs prompts")
+        for name in ("steps", "batch", "checkpoint_every"):
+            if getattr(cfg.train, name) < 1:
+                raise StageConfigError(f"{where}.train.{name} must be >= 1")
+        if cfg.train.lr <= 0:
+            raise StageConfigError(f"{where}.train.lr must be > 0")
+        return cfg
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> StageConfig:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise StageConfigError(f"stage config not found: {path}") from None
+        except yaml.YAMLError as exc:
+            raise StageConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        return cls.from_dict(data, where=path.name)
+
+    def replace(self, **sections: dict[str, Any]) -> StageConfig:
+        """This config with some fields of some sections changed (CLI overrides), checked
+        again as a whole."""
+        data = self.to_dict()
+        for name, values in sections.items():
+            data[name].update(values)
+        return StageConfig.from_dict(data, where="options")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """``cls(**data)`` with every key checked against ``cls``'s fields and typed."""
+    if not isinstance(data, dict):
+        raise StageConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise StageConfigError(f"{where}.{unknown[0]}: unknown key (known: {sorted(known)})")
+    values = {}
+    for name, value in data.items():
+        values[name] = _coerce(hints[name], value, f"{where}.{name}")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise StageConfigError(f"{where}: {exc}") from None
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    text = str(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if value is None:
+        if "None" in text:
+            return None
+        raise StageConfigError(f"{where} must not be null")
+    if "tuple[float, float]" in text:
+        if not (isinstance(value, (list, tuple)) and len(value) == 2
+                and all(isinstance(v, (int, float)) for v in value) and value[0] <= value[1]):
+            raise StageConfigError(f"{where}={value!r}: expected [low, high]")
+        return (float(value[0]), float(value[1]))
+    if "tuple[str" in text:
+        if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise StageConfigError(f"{where}={value!r}: expected a list of strings")
+        return tuple(value)
+    for kind, ok in (("bool", (bool,)), ("int", (int,)), ("float", (int, float)), ("str", (str,))):
+        if text.startswith(kind) or text == f"<class '{kind}'>":
+            if isinstance(value, bool) and kind != "bool" or not isinstance(value, ok):
+                raise StageConfigError(f"{where}={value!r}: expected {kind}")
+            return float(value) if kind == "float" else value
+    return value
+
+
+def load_stage_config(stage: str, path: str | Path | None = None) -> StageConfig:
+    """The stage's config from ``path``, else ``configs/distill/<stage>.yaml`` shipped with
+    the package's checkout, else the built-in defaults."""
+    if path is None:
+        default = Path(__file__).resolve().parents[2] / "configs" / "distill" / f"{stage}.yaml"
+        if not default.is_file():
+            return StageConfig.from_dict({"stage": stage})
+        path = default
+    cfg = StageConfig.from_file(path)
+    if cfg.stage != stage:
+        raise StageConfigError(f"{Path(path).name}: stage={cfg.stage!r} but --stage {stage}")
+    return cfg

@@ -1,0 +1,121 @@
+"""Real int8 inference for the SA3 DiT: the W8A8 linears of :mod:`audiofast.diffusion.qad`, run
+by the project's packed int8 kernel (``torch.ops.audiofast.int8_linear``, the ASR lane's: exact
+int32 sums, AVX2 or AVX-512 VNNI).
+
+Why this kernel and not torch's dynamic quantization: measured side by side by
+``scripts/bench_dit_int8.py`` (see docs/diffusion.md). Both quantize activations per call, but
+fbgemm's dynamic linear uses one range per tensor (a loud token sets every token's step) and
+7-bit activations on AVX2, while the kernel gives each token its own 8-bit range, which is what
+QAD trains against.
+
+An int8 checkpoint stores ``<linear>.weight`` as int8 ``[out, in]`` beside a float
+``<linear>.weight_scale [out]``: a quarter of the float file for those tensors, loaded by
+:func:`audiofast.diffusion.checkpoint.load_checkpoint` when the config's ``audiofast``
+section has ``quantization``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audiofast.diffusion.qad import (
+    _replace,
+    fake_quant_activation,
+    quantize_weight,
+    quantized_linear_names,
+)
+
+QUANTIZATION = {
+    "scheme": "w8a8",
+    "weights": "per-channel symmetric int8",
+    "activations": "per-token dynamic uint8 over [min(0, x), max(0, x)]",
+    "modules": "transformer block linears + project_out",
+}
+
+
+def kernel_available() -> bool:
+    """Whether the C++ int8 kernel is built for this CPU (setup.sh builds it)."""
+    from audiofast.asr import kernels
+
+    if not kernels.is_built():
+        return False
+    return kernels.backend() == "avx2" and hasattr(torch.ops.audiofast, "int8_linear")
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T + b`` with int8 ``W`` and per-token 8-bit ``x``.
+
+    ``use_kernel`` False runs the same arithmetic in PyTorch (dequantized weights and
+    fake-quantized activations): the reference the kernel is tested against, and the path
+    where the kernel cannot be built."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, use_kernel: bool = True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.use_kernel = use_kernel
+        self._packed: list[torch.Tensor] | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, use_kernel: bool = True) -> Int8Linear:
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, use_kernel)
+        q, scale = quantize_weight(linear.weight)
+        new.weight.copy_(q)
+        new.weight_scale.copy_(scale)
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias.detach().float())
+        return new
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self._packed = None  # weights change: pack again on the next call
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def packed(self) -> list[torch.Tensor]:
+        """The kernel's four tensors: packed weight, scale, weight row sums, bias."""
+        if self._packed is None:
+            from audiofast.asr.fused_decoder import pack_int8_weight
+
+            bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
+            self._packed = [pack_int8_weight(self.weight), self.weight_scale.float().contiguous(),
+                            self.weight.sum(1, dtype=torch.int32), bias.float().contiguous()]
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        if self.use_kernel and x.device.type == "cpu" and self.in_features % 32 == 0:
+            y = torch.ops.audiofast.int8_linear(x.reshape(-1, shape[-1]).float(), self.packed())
+            return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        weight = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)[:, None]
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(fake_quant_activation(x), weight, bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
+
+
+def quantize_dit(dit: nn.Module, use_kernel: bool | None = None) -> nn.Module:
+    """Replace the DiT's int8-bound linears by :class:`Int8Linear` (in place; returns ``dit``).
+    ``use_kernel`` None: the kernel where it is built, else the PyTorch reference."""
+    if use_kernel is None:
+        use_kernel = kernel_available()
+    for name in quantized_linear_names(dit):
+        old = dit.get_submodule(name)
+        if isinstance(old, Int8Linear):
+            old.use_kernel = use_kernel
+        else:
+            _replace(dit, name, Int8Linear.from_linear(old, use_kernel))
+    return dit
+
+
+def empty_int8_dit_(dit: nn.Module) -> nn.Module:
+    """Give a freshly built DiT the int8 layout a quantized checkpoint loads into."""
+    use_kernel = kernel_available()
+    for name in quantized_linear_names(dit):
+        old = dit.get_submodule(name)
+        _replace(dit, name, Int8Linear(old.in_features, old.out_features,
+                                       old.bias is not None, use_kernel))
+    return dit

@@ -1,0 +1,109 @@
+"""Time one SA3 DiT pass in float32 and in the int8 options, side by side in one process.
+
+    python scripts/bench_dit_int8.py --model evals/teacher --batch 32 --runs 15
+
+Options: float32 (the baseline), the project's packed int8 kernel (per-token 8-bit activations,
+exact int32 sums: what ``distill --stage qad`` exports), torch's dynamic int8 quantization of the
+same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
+(dequantized weights, fake-quantized activations: numerics only). Runs are interleaved (each
+round times every option once) and the median per option is reported, with the output's
+relative error against float32. Prints a table, writes ``<out>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from audiofast.diffusion.generate import load_for_generation
+from audiofast.diffusion.int8 import kernel_available, quantize_dit
+from audiofast.diffusion.qad import quantized_linear_names
+
+
+def torch_dynamic(dit: torch.nn.Module) -> torch.nn.Module:
+    """fbgemm dynamic int8 on exactly the linears the kernel path quantizes."""
+    import warnings
+
+    names = set(quantized_linear_names(dit))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(dit, names, dtype=torch.qint8)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="evals/teacher")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="evals/benchmarks/dit_int8")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if not kernel_available():
+        raise SystemExit("the int8 kernel is not built: run scripts/setup.sh")
+    model = load_for_generation(args.model)
+    cfg = model.config
+    frames = cfg.sample_size // cfg.autoencoder.downsampling_ratio
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch, cfg.io_channels, frames, generator=gen)
+    t = torch.full((args.batch,), 0.7)
+    inputs = {c.id: ["a loud saw playing a A3 note"] * args.batch for c in cfg.conditioning.text}
+    inputs.update({c.id: [2.0] * args.batch for c in cfg.conditioning.numbers})
+    with torch.inference_mode():
+        cond = model.condition(inputs)
+    extra = {}
+    if cfg.student and cfg.student.guidance and cfg.student.guidance.range:
+        extra["guidance"] = cfg.student.guidance.scale
+    options = {
+        "float32": model.dit,
+        "int8 kernel": quantize_dit(copy.deepcopy(model.dit), use_kernel=True),
+        "torch dynamic int8": torch_dynamic(copy.deepcopy(model.dit)),
+        "int8 PyTorch reference": quantize_dit(copy.deepcopy(model.dit), use_kernel=False),
+    }
+
+    def run(dit: torch.nn.Module) -> torch.Tensor:
+        return dit(x, t, cond.cross_attn_cond, cond.global_cond, **extra)
+
+    times: dict[str, list[float]] = {k: [] for k in options}
+    outputs = {}
+    with torch.inference_mode():
+        for name, dit in options.items():
+            outputs[name] = run(dit)  # warm-up
+        for _ in range(args.runs):
+            for name, dit in options.items():
+                start = time.perf_counter()
+                run(dit)
+                times[name].append(time.perf_counter() - start)
+    ref = outputs["float32"]
+    rows = []
+    for name in options:
+        err = ((outputs[name] - ref).norm() / ref.norm()).item()
+        med = statistics.median(times[name])
+        rows.append({"option": name, "median_s": med, "min_s": min(times[name]),
+                     "speedup_vs_fp32": statistics.median(times["float32"]) / med,
+                     "relative_error_vs_fp32": err})
+    kernel_vs_ref = ((outputs["int8 kernel"] - outputs["int8 PyTorch reference"]).abs().max()
+                     / outputs["int8 PyTorch reference"].abs().max()).item()
+    print(f"\nDiT pass, batch {args.batch} x {frames} latents, {args.threads} threads, "
+          f"median of {args.runs}\n")
+    print("| option | median ms | min ms | speed-up vs fp32 | rel. error vs fp32 |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['option']} | {r['median_s'] * 1000:.1f} | {r['min_s'] * 1000:.1f} | "
+              f"{r['speedup_vs_fp32']:.2f}x | {r['relative_error_vs_fp32']:.4f} |")
+    print(f"\nkernel vs its PyTorch reference: max |diff| / max |ref| = {kernel_vs_ref:.2e}")
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": args.model, "batch": args.batch, "frames": frames,
+                               "threads": args.threads, "runs": args.runs, "rows": rows,
+                               "kernel_vs_reference_max_rel": kernel_vs_ref}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
