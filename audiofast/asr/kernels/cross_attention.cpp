@@ -20,7 +20,7 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const tor
   const int64_t frames = keys.size(1), d = heads * kHeadDim;
   const auto* k = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::Half>());
   const auto* v = reinterpret_cast<const uint16_t*>(values.data_ptr<at::Half>());
-  pool().run(rows * heads, [&](int64_t t0, int64_t t1) {
+  parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(frames + 8);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = t / heads, h = t % heads;

@@ -61,7 +61,7 @@ struct Rows {
 void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t heads,
                     const float* k_cache, const float* v_cache, int64_t n_ctx, float* out) {
   const int64_t d = heads * kHeadDim, per_sequence = heads * n_ctx * kHeadDim;
-  pool().run(rows * heads, [&](int64_t t0, int64_t t1) {
+  parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(n_ctx + 8);
     alignas(32) float q[kHeadDim];
     for (int64_t t = t0; t < t1; ++t) {
@@ -79,6 +79,29 @@ void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t head
 // tokens (rows,) at positions start .. start + rows - 1 through every layer (or, with a cache
 // of several sequences, one token per sequence at position start); logits (last rows only
 // when last > 0) with the top `rescore` of each row recomputed from the fp32 head.
+// Every input's dtype, shape and layout, each failure one line naming the input: the op reads
+// raw pointers, so a wrong tensor must be refused before any is read.
+void check_inputs(const std::vector<torch::Tensor>& params, const torch::Tensor& k_cache,
+                  const torch::Tensor& v_cache, const std::vector<torch::Tensor>& cross_k,
+                  const std::vector<torch::Tensor>& cross_v, int64_t d) {
+  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.dim() == 5 &&
+                  k_cache.size(4) == kHeadDim && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == torch::kFloat,
+              "decoder_forward: k_cache and v_cache must be float32 (layers, sequences, heads, "
+              "n_ctx, 64) of one shape");
+  for (int i : {kEmbed, kPositions})
+    TORCH_CHECK(params[i].scalar_type() == torch::kFloat && params[i].dim() == 2 &&
+                    params[i].size(1) == d && params[i].is_contiguous(),
+                "decoder_forward: embeddings must be contiguous float32 (n, width)");
+  for (size_t l = 0; l < cross_k.size(); ++l)
+    for (const auto* t : {&cross_k[l], &cross_v[l]})
+      TORCH_CHECK(t->scalar_type() == torch::kHalf && t->dim() == 3 && t->is_contiguous() &&
+                      t->size(0) == k_cache.size(2) && t->size(2) == kHeadDim &&
+                      t->sizes() == cross_k[l].sizes(),
+                  "decoder_forward: cross_k / cross_v must be contiguous float16 (heads, frames, "
+                  "64), one shape per layer");
+}
+
 torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
                               std::vector<torch::Tensor> params, torch::Tensor k_cache,
                               torch::Tensor v_cache, std::vector<torch::Tensor> cross_k,
@@ -97,6 +120,7 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
   TORCH_CHECK(params.size() == kLayers + layers * kLayerSize && cross_k.size() == layers &&
                   cross_v.size() == layers && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "decoder_forward: parameters do not match the cache's layer count");
+  check_inputs(params, k_cache, v_cache, cross_k, cross_v, d);
   const int64_t* ids = tokens.data_ptr<int64_t>();
   std::vector<float> x(rows * d);  // the residual stream
   float* xp = x.data();
@@ -173,7 +197,8 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
 }  // namespace audiofast
 
 TORCH_LIBRARY_FRAGMENT(audiofast, m) {
-  m.def("decoder_forward(Tensor tokens, int start, int last, Tensor[] params, Tensor k_cache, "
-        "Tensor v_cache, Tensor[] cross_k, Tensor[] cross_v, int rescore) -> Tensor",
+  // The caches are written in place: (a!) / (b!) tell the dispatcher (and torch.compile).
+  m.def("decoder_forward(Tensor tokens, int start, int last, Tensor[] params, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor[] cross_k, Tensor[] cross_v, int rescore) -> Tensor",
         audiofast::decoder_forward);
 }

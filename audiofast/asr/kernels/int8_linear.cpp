@@ -1,6 +1,10 @@
 // Int8 linear layers of the fused decoder (see int8_linear.h).
 #include "int8_linear.h"
 
+#include <atomic>
+#include <new>
+#include <string>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -144,6 +148,9 @@ Int8Linear linear_at(const std::vector<torch::Tensor>& p, size_t i) {
   for (size_t j = 1; j < kTensorsPerLinear; ++j)
     TORCH_CHECK(p[i + j].is_contiguous() && p[i + j].numel() == out,
                 "int8 linear scale, row sums and bias must have one value per output");
+  TORCH_CHECK(p[i + 1].scalar_type() == torch::kFloat && p[i + 2].scalar_type() == torch::kInt &&
+                  p[i + 3].scalar_type() == torch::kFloat,
+              "int8 linear scale and bias must be float32, row sums int32");
   return {w.data_ptr<int8_t>(), p[i + 1].data_ptr<float>(), p[i + 2].data_ptr<int32_t>(),
           p[i + 3].data_ptr<float>(), out, w.size(1) * 4, w.size(0)};
 }
@@ -159,7 +166,7 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
   if (rows <= 4)
     quantize(0, rows);
   else
-    pool().run(rows, quantize);
+    parallel_for(rows, quantize);
   const bool vnni = use_vnni();
   if (!vnni) {  // the AVX2 kernel reads each row split in two halves (split_row)
     std::vector<uint8_t> halves(rows * 2 * L.in);
@@ -171,7 +178,7 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
   static constexpr Block avx2[4] = {block_avx2<1>, block_avx2<2>, block_avx2<3>, block_avx2<4>};
   static constexpr Block vnni512[4] = {block_vnni<1>, block_vnni<2>, block_vnni<3>,
                                        block_vnni<4>};
-  pool().run(L.blocks, [&](int64_t b0, int64_t b1) {
+  parallel_for(L.blocks, [&](int64_t b0, int64_t b1) {
     alignas(64) int32_t sums[4 * kBlock];
     for (int64_t b = b0; b < b1; ++b) {
       const int8_t* wb = L.weight + b * L.in * kBlock;
@@ -206,8 +213,27 @@ torch::Tensor int8_linear(torch::Tensor x, std::vector<torch::Tensor> linear_ten
   return y;
 }
 
+// Tests only: a parallel loop over [0, n) whose slice holding index throw_at throws
+// std::bad_alloc (-1: none); returns the sum of the indices. Shows a worker's exception reaching
+// the caller as an error instead of ending the process.
+int64_t pool_selftest(int64_t n, int64_t throw_at) {
+  std::atomic<int64_t> total{0};
+  parallel_for(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i == throw_at) throw std::bad_alloc();
+      total += i;
+    }
+  });
+  return total.load();
+}
+
 }  // namespace audiofast
 
 TORCH_LIBRARY_FRAGMENT(audiofast, m) {
   m.def("int8_linear(Tensor x, Tensor[] linear) -> Tensor", audiofast::int8_linear);
+  m.def("_pool_selftest(int n, int throw_at) -> int", audiofast::pool_selftest);
+  // Which dot-product path int8_linear takes here ("avx512_vnni" or "avx2"), so a test can
+  // assert the path it meant to compare ran.
+  m.def("int8_isa() -> str", [] { return std::string(audiofast::use_vnni() ? "avx512_vnni"
+                                                                           : "avx2"); });
 }

@@ -5,14 +5,19 @@
 // spinning between loops and every wake-up is a futex round trip: a token measured 1.6 ms
 // before the first encode and 4.4 ms after it (OMP_WAIT_POLICY=PASSIVE gives the same 4.4).
 // Here workers spin on an atomic counter for ~1 ms after each loop - long enough to cover a
-// token's loops and the Python between tokens - and only then sleep.
+// token's loops and the Python between tokens - and only then sleep. Safe to call from several
+// threads, across fork(), and with jobs that throw (see parallel_for).
 #pragma once
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 
+#include <pthread.h>
+
 #include <atomic>
+#include <exception>
+#include <new>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -41,10 +46,17 @@ class Pool {
     for (auto& w : workers_) w.join();
   }
 
+  // A pool copied into a fork()ed child has no threads behind it: forget it without joining.
+  void abandon() {
+    for (auto& w : workers_) w.detach();
+    workers_.clear();
+  }
+
   int threads() const { return threads_; }
 
   // job(begin, end) over contiguous slices of [0, n), one per thread; returns when all are done.
-  // Only the decoder's own thread calls this, one loop at a time.
+  // One caller at a time (parallel_for below serialises callers). The first exception any
+  // slice throws is rethrown here, after every slice has finished.
   void run(int64_t n, const Job& job) {
     if (threads_ == 1 || n < 2) {
       if (n > 0) job(0, n);
@@ -52,6 +64,7 @@ class Pool {
     }
     job_ = &job;
     n_ = n;
+    error_ = nullptr;
     pending_.store(threads_ - 1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -60,13 +73,19 @@ class Pool {
     wake_.notify_all();
     slice(0);
     while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+    if (error_) std::rethrow_exception(error_);
   }
 
  private:
   void slice(int index) {
     const int64_t per = (n_ + threads_ - 1) / threads_;
     const int64_t begin = index * per, end = std::min(n_, begin + per);
-    if (begin < end) (*job_)(begin, end);
+    try {
+      if (begin < end) (*job_)(begin, end);
+    } catch (...) {  // carried to the caller: an exception escaping a thread ends the process
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
   }
 
   void work(int index) {
@@ -98,14 +117,44 @@ class Pool {
   bool stop_ = false;
   const Job* job_ = nullptr;
   int64_t n_ = 0;
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
 };
 
-// The pool for torch's current thread count (rebuilt if torch.set_num_threads changed it).
-inline Pool& pool() {
-  static std::unique_ptr<Pool> current;
+// The process's pool and the lock every parallel loop holds: two engines in two threads take
+// turns (a loop is microseconds), and the pool is only rebuilt for a new torch thread count
+// while no loop runs on it. fork() is prepared for: the lock is held across it so no loop is
+// mid-flight, and the child starts with a fresh lock and no pool (its copy has no threads).
+struct PoolState {
+  std::mutex lock;
+  Pool* pool = nullptr;
+
+  PoolState() {
+    pthread_atfork([] { state().lock.lock(); }, [] { state().lock.unlock(); },
+                   [] {
+                     PoolState& s = state();
+                     new (&s.lock) std::mutex();  // the parent's holder does not exist here
+                     if (s.pool) s.pool->abandon();
+                     s.pool = nullptr;  // leaked on purpose: destroying it would join nothing
+                   });
+  }
+
+  static PoolState& state() {
+    static PoolState* instance = new PoolState();  // never destroyed: safe at exit
+    return *instance;
+  }
+};
+
+// job(begin, end) over slices of [0, n) on torch's current thread count.
+inline void parallel_for(int64_t n, const Pool::Job& job) {
+  PoolState& s = PoolState::state();
+  std::lock_guard<std::mutex> guard(s.lock);
   const int want = std::max(1, at::get_num_threads());
-  if (!current || current->threads() != want) current = std::make_unique<Pool>(want);
-  return *current;
+  if (!s.pool || s.pool->threads() != want) {
+    delete s.pool;
+    s.pool = new Pool(want);
+  }
+  s.pool->run(n, job);
 }
 
 }  // namespace audiofast
