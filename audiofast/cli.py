@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from audiofast.cli_transcribe import add_transcribe
@@ -157,7 +158,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: --token)")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--max-sessions", type=int, default=8)
-    p.add_argument("--token", default=None, help="bearer token clients must present")
+    p.add_argument("--token", default=None, help="bearer token clients must present (shows "
+                   "in ps: prefer --token-file or $AUDIOFAST_TOKEN)")
+    p.add_argument("--token-file", default=None, help="read the bearer token from this file")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (https://app.example) whose pages may connect, besides "
+                        "this server's own page; repeat for more, '*' for any")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--min-chunk", type=float, default=0.5,
                    help="seconds of new audio before a session is re-decoded")
@@ -171,16 +177,19 @@ def _run_serve(args: argparse.Namespace) -> int:
     import logging
 
     from audiofast.asr.ct2_runtime import CT2Whisper
+    from audiofast.stream.access import resolve_token
     from audiofast.stream.server import ServerOptions, TranscriptionServer, check_bind
     from audiofast.stream.session import StreamOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        check_bind(args.host, args.token)
+        token = resolve_token(args.token, args.token_file)
+        check_bind(args.host, token)
     except ValueError as e:
         raise SystemExit(f"audiofast: error: {e}") from None
-    options = ServerOptions(args.host, args.port, args.max_sessions, args.token,
-                            stream=StreamOptions(min_chunk_s=args.min_chunk))
+    options = ServerOptions(args.host, args.port, args.max_sessions, token,
+                            stream=StreamOptions(min_chunk_s=args.min_chunk),
+                            allow_origins=tuple(args.allow_origin))
     server = TranscriptionServer(CT2Whisper(args.model, threads=args.threads), options, args.pad)
     print(f"audiofast: serving {server.runtime.resolved.spec} on http://{args.host}:{args.port}/"
           f" (WebSocket: ws://{args.host}:{args.port}/asr)", file=sys.stderr, flush=True)
@@ -256,6 +265,8 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="audiofast", description=__doc__)
+    parser.add_argument("--debug", action="store_true",
+                        help="print the traceback of an internal error (or AUDIOFAST_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
     add_transcribe(sub)
     _add_models(sub)
@@ -372,16 +383,62 @@ def _run_distill_sa3(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean the input was wrong (exit 2, one line), not that audiofast broke."""
+    from audiofast.audio import AudioError
+    from audiofast.diffusion.checkpoint import CheckpointError
+    from audiofast.diffusion.config_schema import ConfigError
+    from audiofast.diffusion.distill_config import StageConfigError
     from audiofast.models import ModelNotFoundError
+    from audiofast.models.packaged import ModelIntegrityError, PackageMissingError
 
+    return (ModelNotFoundError, PackageMissingError, ModelIntegrityError, FileNotFoundError,
+            AudioError,
+            CheckpointError, ConfigError, StageConfigError)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command. User errors: one line, exit 2. Anything else is an internal error: its
+    message, exit 1, and the traceback with ``--debug`` or ``AUDIOFAST_DEBUG=1``."""
+    args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("AUDIOFAST_DEBUG") == "1"
     try:
         return args.run(args)
-    except (ModelNotFoundError, FileNotFoundError, RuntimeError) as err:
-        print(f"audiofast: error: {err}", file=sys.stderr)
+    except _user_errors() as err:
+        if debug:
+            traceback.print_exc()
+        print(f"audiofast: error: {_first_line(err)}", file=sys.stderr)
         return 2
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (AUDIOFAST_DEBUG=1 or --debug shows the traceback)"
+        print(f"audiofast: internal error: {type(err).__name__}: {_first_line(err)}{hint}",
+              file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    """The ``audiofast`` console command: a command's one-line ``SystemExit`` message is a user
+    error too, so it exits 2 like the others."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code, file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

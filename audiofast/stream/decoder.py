@@ -125,8 +125,12 @@ class StreamDecoder:
                 results[i] = output
         hyps = []
         for request, result in zip(requests, results, strict=True):
+            # CT2 returns the prompt tokens after the start-of-transcript sequence, i.e. the
+            # forced prefix, followed by the new tokens (measured: ctranslate2 4.x). Prepending
+            # the prefix "when missing" would double it whenever a continuation repeats it, and
+            # would hide a changed CT2 contract: check it instead.
             tokens = list(result.sequences_ids[0])
-            if tokens[: len(request.prefix)] != request.prefix:  # CT2 returned only new tokens
-                tokens = request.prefix + tokens
+            if tokens[: len(request.prefix)] != request.prefix:
+                raise RuntimeError("CTranslate2 output does not start with the forced prefix")
             hyps.append(Hypothesis(tokens, result.no_speech_prob, result.scores[0], False))
         return hyps

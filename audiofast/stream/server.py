@@ -4,7 +4,8 @@ One model serves every session. Sessions only buffer audio and run VAD; a single
 scheduler task collects every session with a decode due (waiting ``batch_window_s`` for
 more to join, as WhisperLive's batch window does), decodes them as one batch in a worker
 thread, and routes each session's events to that session's own outbox, which a per-session
-task drains, so a slow reader delays nobody else. The same port serves the web page.
+task drains, so a slow reader delays nobody else (see ``scheduler.py``). The same port serves
+the web page.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import asyncio
 import contextlib
 import hmac
 import http
-import ipaddress
-import itertools
 import json
 import logging
+import socket
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -29,20 +30,21 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.stream.access import check_bind, origin_allowed
 from audiofast.stream.decoder import StreamDecoder
 from audiofast.stream.protocol import (
     END_OF_AUDIO,
-    AudioDecoder,
     ProtocolError,
     StartConfig,
-    WhisperLiveView,
     error_event,
     parse_json,
     parse_start,
 )
+from audiofast.stream.scheduler import FAILURES, DecodeScheduler, LiveSession
 from audiofast.stream.session import Overloaded, StreamOptions, StreamSession
 from audiofast.stream.vad import SpeechDetector, VadOptions
 
+__all__ = ["ServerOptions", "ServerThread", "TranscriptionServer", "check_bind"]
 log = logging.getLogger("audiofast.serve")
 
 
@@ -60,51 +62,10 @@ class ServerOptions:
     max_batch: int = 8
     stream: StreamOptions = field(default_factory=StreamOptions)
     vad: VadOptions = field(default_factory=VadOptions)
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to expose an unauthenticated server beyond this machine."""
-    if token:
-        return
-    if host == "localhost":
-        return
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        pass
-    raise ValueError(f"refusing to listen on {host} without --token (no token: loopback only)")
-
-
-class LiveSession:
-    """One connection: its stream policy, audio format, and outbox."""
-
-    ids = itertools.count(1)
-
-    def __init__(self, ws: ServerConnection, config: StartConfig, stream: StreamSession,
-                 max_outbox: int):
-        self.id = next(self.ids)
-        self.ws = ws
-        self.config = config
-        self.stream = stream
-        self.audio = AudioDecoder(config)
-        self.lock = threading.Lock()  # VAD runs in a worker thread, decoding in another
-        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(max_outbox)
-        self.done = asyncio.Event()
-        self.view = WhisperLiveView(config.uid or "") if config.dialect == "whisperlive" else None
-        self.failed: str | None = None
-
-    def emit(self, events: list[dict[str, Any]]) -> None:
-        for event in events:
-            try:
-                self.outbox.put_nowait(event)
-            except asyncio.QueueFull:
-                self.failed = "slow_reader"
-                return
-
-    def wire(self, event: dict[str, Any]) -> str | None:
-        message = self.view.translate(event) if self.view else event
-        return json.dumps(message) if message is not None else None
+    allow_origins: tuple[str, ...] = ()  # browser origins besides our own page ("*": any)
+    # Kernel send buffer per connection. Autotuned, it grows to megabytes and a reader that
+    # stops reading would take hours of events to fill it before ``max_outbox`` could trip.
+    send_buffer_bytes: int = 64 * 1024
 
 
 class TranscriptionServer:
@@ -113,15 +74,20 @@ class TranscriptionServer:
         check_bind(options.host, options.token)
         self.runtime = runtime
         self.options = options
-        self.decoder = StreamDecoder(runtime, pad_s=pad_s)
         self.sessions: dict[int, LiveSession] = {}
+        self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s=pad_s), self.sessions,
+                                         options.batch_window_s, options.max_batch)
+        self.stats = self.scheduler.stats
+        self.failures: Counter[str] = Counter()  # sessions ended by each FAILURES code
         self._opening = 0
-        self._wake = asyncio.Event()
-        self.stats = {"batches": 0, "decoded": 0, "max_batch": 0}
+
+    @property
+    def decoder(self) -> StreamDecoder:
+        return self.scheduler.decoder
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> Server:
-        self._scheduler = asyncio.create_task(self._schedule())
+        self.scheduler.start()
         return await serve(
             self._handle, self.options.host, self.options.port,
             process_request=self._process_request, max_size=self.options.max_frame_bytes,
@@ -131,14 +97,21 @@ class TranscriptionServer:
     async def serve_forever(self) -> None:
         server = await self.start()
         log.info("listening on ws://%s:%d", self.options.host, self.options.port)
-        await server.serve_forever()
+        try:
+            await server.serve_forever()
+        finally:
+            self.scheduler.stopping = True
 
-    # -- HTTP side: the web page and authentication ------------------------------------
+    # -- HTTP side: the web page, authentication, health --------------------------------
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
+        upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+        if upgrade and not origin_allowed(request.headers, self.options.allow_origins,
+                                          self.options.token):
+            return connection.respond(http.HTTPStatus.FORBIDDEN, "origin not allowed\n")
         if self.options.token and not self._authorized(request):
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, "missing or bad token\n")
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        if upgrade:
             if path not in ("/", "/asr"):
                 return connection.respond(http.HTTPStatus.NOT_FOUND, "no such endpoint\n")
             return None
@@ -149,7 +122,9 @@ class TranscriptionServer:
                                ("Cache-Control", "no-store")])
             return Response(200, "OK", headers, page)
         if path == "/health":
-            return connection.respond(http.HTTPStatus.OK, json.dumps(self.health()) + "\n")
+            health = self.health()
+            status = http.HTTPStatus.OK if health["ok"] else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return connection.respond(status, json.dumps(health) + "\n")
         return connection.respond(http.HTTPStatus.NOT_FOUND, "not found\n")
 
     def _authorized(self, request: Request) -> bool:
@@ -159,12 +134,17 @@ class TranscriptionServer:
         return hmac.compare_digest(given.encode(), (self.options.token or "").encode())
 
     def health(self) -> dict[str, Any]:
-        return {"sessions": len(self.sessions), "max_sessions": self.options.max_sessions,
-                **self.stats}
+        running = self.scheduler.running
+        return {"ok": running, "scheduler": "running" if running else "stopped",
+                "sessions": len(self.sessions), "max_sessions": self.options.max_sessions,
+                **self.stats, "failures": dict(self.failures)}
 
     # -- one connection ----------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
         opts = self.options
+        if not self.scheduler.running:
+            await self._refuse(ws, "unavailable", FAILURES["unavailable"][0], 1011)
+            return
         if len(self.sessions) + self._opening >= opts.max_sessions:
             await self._refuse(ws, "busy", f"server busy: {opts.max_sessions} sessions "
                                "already open; try again later", 1013)
@@ -176,20 +156,26 @@ class TranscriptionServer:
             self._opening -= 1
         if session is None:
             return
+        self._limit_send_buffer(ws)
         self.sessions[session.id] = session
+        if not self.scheduler.running:  # it ended while this client was starting
+            session.fail("unavailable")
         sender = asyncio.create_task(self._send_loop(session))
+        receiver = asyncio.create_task(self._receive_loop(session))
         try:
             session.emit([{"type": "ready", "session": session.id, "sample_rate": 16000,
                            "model": self.runtime.resolved.spec}])
-            await self._receive_loop(session)
+            await session.over.wait()
         finally:
-            self.sessions.pop(session.id, None)
-            with contextlib.suppress(asyncio.QueueFull):
-                session.outbox.put_nowait(None)  # the sender stops after what is queued
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(sender, 5)
+            self.sessions.pop(session.id, None)  # the slot is free from here on
+            receiver.cancel()
+            if session.failed != "slow_reader":
+                with contextlib.suppress(asyncio.QueueFull):
+                    session.outbox.put_nowait(None)  # the sender stops after what is queued
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(sender, 5)
             sender.cancel()
-            await ws.close()
+            await ws.close(session.close_code, session.failed or "")
 
     async def _open(self, ws: ServerConnection) -> LiveSession | None:
         try:
@@ -205,64 +191,76 @@ class TranscriptionServer:
             return None
         detector = await asyncio.to_thread(SpeechDetector, self.options.vad)
         stream = StreamSession(self.runtime.tokenizer, self._stream_options(config), detector)
-        return LiveSession(ws, config, stream, self.options.max_outbox)
+        return LiveSession(ws, config, stream, self.options.max_outbox, self.failures)
 
     def _stream_options(self, config: StartConfig) -> StreamOptions:
         base = self.options.stream
         return StreamOptions(**{**base.__dict__, "language": config.language,
                                 "task": config.task})
 
+    def _limit_send_buffer(self, ws: ServerConnection) -> None:
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None and self.options.send_buffer_bytes:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                self.options.send_buffer_bytes)
+
     async def _receive_loop(self, session: LiveSession) -> None:
-        ws = session.ws
-        while session.failed is None:
-            try:
-                message = await asyncio.wait_for(ws.recv(), self.options.idle_timeout_s)
+        """Read until the session ends; its handler cancels this once ``over`` is set."""
+        try:
+            await self._receive(session)
+        except ConnectionClosed:
+            pass  # abrupt disconnect: drop the session, nobody else is affected
+        except Exception:
+            log.exception("session %d: handling a message failed", session.id)
+            session.fail("internal")
+        finally:
+            session.over.set()
+
+    async def _receive(self, session: LiveSession) -> None:
+        idle = self.options.idle_timeout_s
+        while True:
+            try:  # after the end message the client waits for us: no idle limit
+                message = await asyncio.wait_for(session.ws.recv(),
+                                                 None if session.stream.ending else idle)
             except TimeoutError:
-                session.emit([error_event("idle_timeout", f"no message for "
-                                          f"{self.options.idle_timeout_s:g} s; closing")])
+                session.fail("idle_timeout", f"no message for {idle:g} s; closing")
                 return
-            except ConnectionClosed:
-                return  # abrupt disconnect: drop the session, nobody else is affected
             try:
-                if await self._on_message(session, message):
-                    await session.done.wait()
-                    session.emit([{"type": "closed", "reason": "end of audio"}])
-                    return
+                await self._on_message(session, message)
             except ProtocolError as e:
                 session.emit([error_event(e.code, str(e))])
             except Overloaded as e:
-                session.emit([error_event("overloaded", f"{e}; closing")])
+                session.fail("overloaded", f"{e}; closing")
                 return
-        session.emit([error_event(session.failed, "client does not read its events; closing")])
 
-    async def _on_message(self, session: LiveSession, message: str | bytes) -> bool:
-        """Handle one message; True once the client said the audio is over."""
+    async def _on_message(self, session: LiveSession, message: str | bytes) -> None:
+        if session.stream.ending:
+            raise ProtocolError("after_end", "message after the end message; ignored")
         ending = message == END_OF_AUDIO and session.config.dialect == "whisperlive"
         if isinstance(message, bytes) and not ending:
-            if session.stream.ending:
-                raise ProtocolError("after_end", "audio after the end message; ignored")
-            audio = session.audio(message)
-            await asyncio.to_thread(self._feed, session, audio)
-            self._wake.set()
-            return False
+            await self._feed(session, session.audio(message))
+            return
         if not ending:
-            msg = parse_json(message)
-            kind = msg.get("type")
+            kind = parse_json(message).get("type")
             if kind != "end":
                 raise ProtocolError("bad_message", f"unknown message type {str(kind)[:30]!r} "
                                     "(expected binary audio or {\"type\": \"end\"})")
-        tail = session.audio(b"", last=True)
-        await asyncio.to_thread(self._feed, session, tail, True)
-        self._wake.set()
-        return True
+        await self._feed(session, session.audio(b"", last=True), end=True)
+
+    async def _feed(self, session: LiveSession, audio: Any, end: bool = False) -> None:
+        """VAD in a worker thread, holding the session's lock so the scheduler leaves this
+        stream alone meanwhile."""
+        async with session.lock:
+            await asyncio.to_thread(self._feed_sync, session.stream, audio, end)
+        self.scheduler.wake.set()
 
     @staticmethod
-    def _feed(session: LiveSession, audio: Any, end: bool = False) -> None:
-        with session.lock:
-            if len(audio):
-                session.stream.feed(audio)
-            if end:
-                session.stream.end_of_audio()
+    def _feed_sync(stream: StreamSession, audio: Any, end: bool) -> None:
+        if len(audio):
+            stream.feed(audio)
+        if end:
+            stream.end_of_audio()
 
     async def _send_loop(self, session: LiveSession) -> None:
         while (event := await session.outbox.get()) is not None:
@@ -279,49 +277,6 @@ class TranscriptionServer:
         with contextlib.suppress(ConnectionClosed):
             await ws.send(json.dumps(error_event(code, message)))
             await ws.close(close_code, code)
-
-    # -- the decode scheduler ----------------------------------------------------------
-    async def _schedule(self) -> None:
-        rotation = 0
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(self.options.batch_window_s)
-            live = list(self.sessions.values())
-            rotation += 1
-            live = live[rotation % len(live):] + live[:rotation % len(live)] if live else live
-            batch = []
-            for session in live:
-                if len(batch) == self.options.max_batch:
-                    self._wake.set()  # the rest go next round
-                    break
-                with session.lock:
-                    request = session.stream.next_request()
-                if request is not None:
-                    batch.append((session, request))
-            for session in live:
-                if session.stream.finished:
-                    session.done.set()
-            if not batch:
-                continue
-            try:
-                hyps = await asyncio.to_thread(self.decoder.decode, [r for _, r in batch])
-            except Exception as e:  # a decode failure must not take the server down
-                log.exception("decode failed")
-                for session, _ in batch:
-                    session.failed = "internal"
-                    session.emit([error_event("internal", f"decoding failed: {e}")])
-                continue
-            self.stats["batches"] += 1
-            self.stats["decoded"] += len(batch)
-            self.stats["max_batch"] = max(self.stats["max_batch"], len(batch))
-            for (session, _), hyp in zip(batch, hyps, strict=True):
-                with session.lock:
-                    session.emit(session.stream.apply(hyp))
-                    if session.stream.finished:
-                        session.done.set()
-            self._wake.set()  # results may make more decodes due
-
 
 class ServerThread:
     """Run a server on its own event loop in a background thread (tests, notebooks, apps
@@ -342,6 +297,7 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
+            self.server.scheduler.stopping = True
             self._ws.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ws.wait_closed(), 10)

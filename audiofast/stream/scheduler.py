@@ -1,0 +1,223 @@
+"""The live server's sessions and its decode scheduler.
+
+Every way a session can end goes through :meth:`LiveSession.fail` or
+:meth:`LiveSession.finish`, which wake its connection handler to close it: a failed decode
+or a crashed scheduler can never leave a client waiting forever or hold its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection
+
+from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
+from audiofast.stream.protocol import AudioDecoder, StartConfig, WhisperLiveView, error_event
+from audiofast.stream.session import StreamSession
+
+log = logging.getLogger("audiofast.serve")
+
+# Why a session was ended: the message clients get (never exception text) and the close code.
+FAILURES: dict[str, tuple[str, int]] = {
+    "internal": ("internal server error; closing", 1011),
+    "unavailable": ("the decoder is not running; try again later", 1011),
+    "slow_reader": ("client does not read its events; closing", 1008),
+    "idle_timeout": ("no message for too long; closing", 1008),
+    "overloaded": ("too much audio waiting to be decoded; closing", 1013),
+}
+
+
+class LiveSession:
+    """One connection: its stream policy, audio format, outbox, and how it ended."""
+
+    ids = itertools.count(1)
+
+    def __init__(self, ws: ServerConnection, config: StartConfig, stream: StreamSession,
+                 max_outbox: int, failures: Counter[str]):
+        self.id = next(self.ids)
+        self.ws = ws
+        self.config = config
+        self.stream = stream
+        self.audio = AudioDecoder(config)
+        # Held (on the loop) while a worker thread runs VAD on ``stream``; an asyncio lock, so
+        # the scheduler waits for it without blocking the event loop.
+        self.lock = asyncio.Lock()
+        self.outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(max_outbox)
+        self.over = asyncio.Event()  # set once the session has ended: its handler closes it
+        self.view = WhisperLiveView(config.uid or "") if config.dialect == "whisperlive" else None
+        self.failed: str | None = None
+        self.close_code = 1000
+        self._failures = failures
+
+    def emit(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if self.over.is_set():
+                return
+            try:
+                self.outbox.put_nowait(event)
+            except asyncio.QueueFull:
+                self.fail("slow_reader")
+                return
+
+    def fail(self, code: str, message: str | None = None) -> None:
+        """End the session with an ``error`` event (best effort: a slow reader's outbox is
+        full) and the close code for ``code``; the first reason wins."""
+        if self.over.is_set():
+            return
+        self.failed = code
+        self._failures[code] += 1
+        text, self.close_code = FAILURES[code]
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(error_event(code, message or text))
+        self.over.set()
+
+    def finish(self) -> None:
+        """All audio is decoded after the client's end message."""
+        self.emit([{"type": "closed", "reason": "end of audio"}])
+        self.over.set()
+
+    def wire(self, event: dict[str, Any]) -> str | None:
+        message = self.view.translate(event) if self.view else event
+        return json.dumps(message) if message is not None else None
+
+
+class DecodeScheduler:
+    """One task batches the due decodes of all sessions; a supervisor restarts it if it
+    crashes, and if the supervisor itself ends every session is failed loudly."""
+
+    def __init__(self, decoder: StreamDecoder, sessions: dict[int, LiveSession],
+                 batch_window_s: float, max_batch: int):
+        self.decoder = decoder
+        self.sessions = sessions
+        self.batch_window_s, self.max_batch = batch_window_s, max_batch
+        self.wake = asyncio.Event()
+        self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "decode_failures": 0,
+                      "scheduler_restarts": 0}
+        self.stopping = False  # set on shutdown: ending is expected then
+        self._round: list[LiveSession] = []  # sessions of the round in progress
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise())
+        self._task.add_done_callback(self._ended)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _supervise(self) -> None:
+        """Run the scheduler; when it crashes, fail the sessions of the round it was in (their
+        state is unknown), log it and start it again, so decoding never stops silently."""
+        crashes, batches = 0, -1
+        while True:
+            try:
+                await self._schedule()
+            except Exception:
+                crashes = 1 if self.stats["batches"] != batches else crashes + 1
+                batches = self.stats["batches"]
+                self.stats["scheduler_restarts"] += 1
+                log.exception("decode scheduler crashed; restarting it")
+                for session in self._round:
+                    session.fail("internal")
+                self._round = []
+                await asyncio.sleep(min(5.0, 0.05 * 2 ** min(crashes, 7)))  # back off a loop
+                self.wake.set()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self.stopping:
+            return
+        log.error("decode scheduler stopped; failing all %d sessions", len(self.sessions))
+        for session in list(self.sessions.values()):
+            session.fail("internal")
+
+    async def _schedule(self) -> None:
+        rotation = 0
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await asyncio.sleep(self.batch_window_s)
+            rotation += 1
+            batch = self._collect(rotation)
+            if batch:
+                await self._run_batch(batch)
+                self.wake.set()  # results may make more decodes due
+            self._round = []
+
+    def _collect(self, rotation: int) -> list[tuple[LiveSession, DecodeRequest]]:
+        """The requests of sessions with a decode due, rotated for fairness. A session whose
+        VAD is running waits for the next round (its feed wakes the scheduler)."""
+        live = [s for s in self.sessions.values() if not s.over.is_set()]
+        if live:
+            live = live[rotation % len(live):] + live[:rotation % len(live)]
+        batch: list[tuple[LiveSession, DecodeRequest]] = []
+        for session in live:
+            if session.lock.locked():
+                continue
+            if len(batch) == self.max_batch:
+                self.wake.set()  # the rest go next round
+                break
+            try:
+                request = session.stream.next_request()
+            except Exception:
+                log.exception("session %d: preparing a decode failed", session.id)
+                session.fail("internal")
+                continue
+            if request is not None:
+                batch.append((session, request))
+            elif session.stream.finished:
+                session.finish()
+        self._round = [s for s, _ in batch]
+        return batch
+
+    async def _run_batch(self, batch: list[tuple[LiveSession, DecodeRequest]]) -> None:
+        hyps = await self._decode(batch)
+        decoded = sum(h is not None for h in hyps)
+        self.stats["batches"] += 1
+        self.stats["decoded"] += decoded
+        self.stats["max_batch"] = max(self.stats["max_batch"], decoded)
+        for (session, _), hyp in zip(batch, hyps, strict=True):
+            if hyp is None:
+                continue
+            async with session.lock:  # waits out a VAD call without blocking the loop
+                if session.over.is_set():
+                    continue
+                try:
+                    events = session.stream.apply(hyp)
+                except Exception:
+                    log.exception("session %d: applying a hypothesis failed", session.id)
+                    session.fail("internal")
+                    continue
+            session.emit(events)
+            if session.stream.finished:
+                session.finish()
+
+    async def _decode(self, batch: list[tuple[LiveSession, DecodeRequest]]
+                      ) -> list[Hypothesis | None]:
+        """Decode in a worker thread. If the batch fails, decode its members one at a time,
+        so a request that breaks the decoder fails only its own session (None)."""
+        try:
+            return list(await asyncio.to_thread(self.decoder.decode, [r for _, r in batch]))
+        except Exception:
+            if len(batch) == 1:
+                self._decode_failed(batch[0][0])
+                return [None]
+            log.warning("a batch of %d failed to decode; retrying one at a time", len(batch))
+        hyps: list[Hypothesis | None] = []
+        for session, request in batch:
+            try:
+                hyps += await asyncio.to_thread(self.decoder.decode, [request])
+            except Exception:
+                self._decode_failed(session)
+                hyps.append(None)
+        return hyps
+
+    def _decode_failed(self, session: LiveSession) -> None:
+        log.exception("session %d: decoding failed", session.id)  # the detail stays here
+        self.stats["decode_failures"] += 1
+        session.fail("internal")
