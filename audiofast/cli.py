@@ -277,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stream(sub)
     _add_generate(sub)
     _add_distill(sub)
+    from audiofast.cli_sweep import add_pipeline, add_sweep
+    add_sweep(sub), add_pipeline(sub)
     return parser
 
 

@@ -52,7 +52,16 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="with --batch-size: longest chunk, at most 30 (default 25)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: for files over a minute)")
-    p.set_defaults(run=_run_transcribe)
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="a configuration chosen by 'audiofast sweep' (configs/presets/NAME.yaml "
+                   "or a YAML path): sets the options left at their defaults")
+    p.set_defaults(run=_run_transcribe, preset_defaults=_preset_defaults(p))
+
+
+def _preset_defaults(p: argparse.ArgumentParser) -> dict:
+    from audiofast.sweep.preset import TRANSCRIBE_KEYS
+
+    return {dest: p.get_default(dest) for dest in TRANSCRIBE_KEYS.values() if dest}
 
 
 def _count(value: str) -> int:
@@ -99,6 +108,15 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     from audiofast.asr.options import DecodingOptions
     from audiofast.audio import AudioError
 
+    tuning = {}
+    if args.preset:
+        from audiofast.sweep.params import SweepConfigError
+        from audiofast.sweep.preset import apply_preset
+
+        try:
+            tuning = apply_preset(args, args.preset_defaults, args.preset, "asr")
+        except SweepConfigError as e:
+            raise SystemExit(f"audiofast: error: {e}") from None
     if args.format == "all" and args.output_dir is None:
         raise SystemExit("audiofast: error: --format all needs --output-dir")
     if args.engine == "fast" and args.batch_size:
@@ -117,6 +135,10 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         model = FastWhisper(args.model, threads=args.threads, precision=args.precision,
                             drafter=args.drafter, draft_model=args.draft_model,
                             encoder=args.encoder)
+        if tuning.get("draft_len") or tuning.get("ngram_order"):
+            from audiofast.sweep.asr_runtime import tune_drafter
+
+            tune_drafter(model, tuning.get("draft_len"), tuning.get("ngram_order"))
     else:
         model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type,
                            encoder=args.encoder)

@@ -12,12 +12,15 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 #    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
 #    Playwright drives this Debian build because Playwright's own browser download is blocked),
 #    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation),
-#    g++ (builds the decoder's C++ kernels; without it the slower TorchScript decoder runs).
+#    g++ (builds the decoder's C++ kernels; without it the slower TorchScript decoder runs),
+#    postgresql (server binaries for the distributed sweep test: it starts a throwaway cluster
+#    in a temp dir on a free loopback port and stops it; setup starts no server).
 missing=()
 for tool in ffmpeg espeak-ng flite sox chromium g++; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 [ -f /usr/share/games/fortunes/literature ] || missing+=(fortunes)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 if ((${#missing[@]})); then
   echo "setup: installing system packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

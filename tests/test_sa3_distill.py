@@ -211,7 +211,8 @@ def test_checkpoint_of_wrong_architecture_is_one_line(teacher_dir: Path, tmp_pat
     with pytest.raises(CheckpointError) as err:
         load_parent(mixed)
     assert len(str(err.value).splitlines()) == 1
-    assert "checkpoint does not match its config: model.model." in str(err.value)
+    assert "checkpoint does not match its config: " in str(err.value)
+    assert "46 of another shape" in str(err.value)  # every width-dependent tensor
     # a training checkpoint left by another architecture in the work directory
     cfg = stage_config("cfg", steps=5)
     wide = prepare_stage("cfg", other, cfg, tmp_path / "w1")
@@ -309,12 +310,12 @@ def test_stages_run_on_the_real_sa3_layout(differential: bool, tmp_path: Path) -
     stage a few steps on Gaussian latents, then the int8 student generates."""
     parent = write_checkpoint_with_text_encoder(
         tmp_path / "sa3", tiny_config(differential=differential, sliding_window=differential))
-    data = {"kind": "gaussian", "clips": 8, "seconds": 0.3, "prompts": ["soft piano", "rain"]}
+    data = {"kind": "gaussian", "clips": 8, "seconds": 0.02, "prompts": ["soft piano", "rain"]}
     for name in ("cfg", "steps", "qad"):
         cfg = stage_config(name, steps=3, data=data)
         parent = run_stage(name, parent, cfg, tmp_path / name, tmp_path / "work").checkpoint
     model = load_for_generation(parent)
     assert model.load_report.ok
     assert model.config.student.sampler.steps == 2
-    audio = generate(model, ["loud drums"], 0.05, progress=False)
-    assert audio.shape == (1, 2, int(0.05 * 44100)) and torch.isfinite(audio).all()
+    audio = generate(model, ["loud drums"], 0.02, progress=False)
+    assert audio.shape == (1, 2, int(0.02 * 44100)) and torch.isfinite(audio).all()

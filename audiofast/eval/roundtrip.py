@@ -72,7 +72,9 @@ def bootstrap_delta(
 JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
 
 
-SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length"}
+SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length",
+                "beam": "beam_size"}
+INT_OPTIONS = ("batch", "beam")
 ENCODERS = {"ov": "openvino", "auto": "auto"}  # +ov, +auto
 
 
@@ -86,13 +88,13 @@ class ASRSpec:
 
 
 def parse_asr_spec(spec: str) -> ASRSpec:
-    """``[fast:]MODEL[@COMPUTE][+ov|+auto][+padN][+batchN][+chunkN]`` -> :class:`ASRSpec`.
+    """``[fast:]MODEL[@COMPUTE][+ov|+auto][+padN][+batchN][+chunkN][+beamN]`` -> :class:`ASRSpec`.
 
     ``fast:`` decodes on the owned engine (compute type = its precision); ``+ov`` encodes on
     OpenVINO, ``+auto`` on OpenVINO for long windows only; ``+padN`` encodes short windows as
     audio + N s instead of 30 s; ``+batchN+chunkS`` transcribes chunks of at most S seconds
-    side by side, N at a time (batched.py). So the judge gates decoding configurations, not
-    only weights: ``whisper-base+auto+pad10``."""
+    side by side, N at a time (batched.py); ``+beamN`` decodes with N beams (CTranslate2).
+    So the judge gates decoding configurations, not only weights: ``whisper-base+auto+pad10``."""
     engine, _, rest = spec.rpartition(":")
     if engine not in ("", "fast"):
         raise ValueError(f"unknown engine {engine!r} in ASR spec {spec!r} (only 'fast:')")
@@ -109,8 +111,8 @@ def parse_asr_spec(spec: str) -> ASRSpec:
             value = None
         if value is None:
             raise ValueError(f"bad +{extra} in ASR spec {spec!r}: "
-                             "want +ov, +auto, +padN, +batchN or +chunkN")
-        overrides[SPEC_OPTIONS[key]] = int(value) if key == "batch" else value
+                             "want +ov, +auto, +padN, +batchN, +chunkN or +beamN")
+        overrides[SPEC_OPTIONS[key]] = int(value) if key in INT_OPTIONS else value
     encoder = next((ENCODERS[e] for e in extras if e in ENCODERS), "ct2")
     return ASRSpec(engine or "ct2", model, compute_type or "int8", encoder, overrides)
 
