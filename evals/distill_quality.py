@@ -15,6 +15,7 @@ Writes ``<out>.json``, ``<out>.png`` and ``<out>.md``.
 
 from __future__ import annotations
 
+import audiofast  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads libgomp
 import argparse
 import json
 import platform
@@ -129,7 +130,8 @@ def main() -> None:
     parser.add_argument("--int8", default=None, help="the 4-step int8 (QAD) student")
     parser.add_argument("--ptq", default=None, help="the 4-step student quantized without QAD")
     parser.add_argument("--extra", nargs=2, action="append", default=[],
-                        metavar=("LABEL", "DIR"), help="more students, sampled as they say")
+                        metavar=("LABEL", "DIR"), help="more students, sampled as they say "
+                        "(DIR:euler samples one with Euler at its own times instead)")
     parser.add_argument("--clips", type=int, default=160)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-euler", action="store_true", help="skip the slow euler-50 row")
@@ -149,7 +151,8 @@ def main() -> None:
                         ("4-step int8, no QAD (PTQ)", args.ptq),
                         ("4-step int8 student (QAD)", args.int8), *args.extra]:
         if path:
-            rows.append(measure(label, path, captions, judge, args.seed))
+            path, _, sampler = path.partition(":")
+            rows.append(measure(label, path, captions, judge, args.seed, sampler or None))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     result = {"clips": args.clips, "seed": args.seed, "commit": commit,

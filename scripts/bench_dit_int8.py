@@ -12,6 +12,7 @@ relative error against float32. Prints a table, writes ``<out>.json``.
 
 from __future__ import annotations
 
+import audiofast  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads libgomp
 import argparse
 import copy
 import json

@@ -319,3 +319,24 @@ def test_stages_run_on_the_real_sa3_layout(differential: bool, tmp_path: Path) -
     assert model.config.student.sampler.steps == 2
     audio = generate(model, ["loud drums"], 0.02, progress=False)
     assert audio.shape == (1, 2, int(0.02 * 44100)) and torch.isfinite(audio).all()
+
+
+def test_generate_preset_supplies_model_and_int8(ladder: dict, tmp_path: Path) -> None:
+    """A sweep's audio preset names the model and its settings; the command line still wins."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "fast.yaml").write_text(yaml.safe_dump(
+        {"lane": "audio", "model": str(ladder["steps"]["dir"]), "steps": 2,
+         "quantization": "int8"}))
+    env = dict(os.environ, AUDIOFAST_PRESETS=str(presets))
+    out = tmp_path / "clip.wav"
+    done = subprocess.run([*AUDIOFAST, "generate", "a loud saw playing a A3 note", "--preset",
+                           "fast", "--seconds", "0.5", "--out", str(out)], capture_output=True,
+                          text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert out.is_file()
+    missing = subprocess.run([*AUDIOFAST, "generate", "x", "--preset", "nope"],
+                             capture_output=True, text=True, cwd=ROOT, env=env)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"audiofast: error: no preset 'nope' ({presets / 'nope.yaml'}); have: fast"]

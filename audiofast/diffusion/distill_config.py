@@ -107,8 +107,9 @@ class StageConfig:
         if cfg.data.kind == "gaussian" and not cfg.data.prompts:
             raise StageConfigError(f"{where}.data.prompts: gaussian data needs prompts")
         for name in ("steps", "batch", "checkpoint_every"):
-            if getattr(cfg.train, name) < 1:
-                raise StageConfigError(f"{where}.train.{name} must be >= 1")
+            low = 0 if name == "steps" and cfg.stage == "qad" else 1  # qad 0: PTQ, no training
+            if getattr(cfg.train, name) < low:
+                raise StageConfigError(f"{where}.train.{name} must be >= {low}")
         if cfg.train.lr <= 0:
             raise StageConfigError(f"{where}.train.lr must be > 0")
         return cfg
