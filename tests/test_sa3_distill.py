@@ -109,7 +109,7 @@ def test_students_describe_how_to_sample_them(ladder: dict) -> None:
     assert qad.config.student.quantization["scheme"] == "w8a8"
     assert qad.config.student.sampler == steps.sampler
     int8 = [m for m in qad.dit.modules() if isinstance(m, Int8Linear)]
-    assert len(int8) == 2 * 6 + 1 and all(m.weight.dtype == torch.int8 for m in int8)
+    assert len(int8) == 2 * 7 + 1 and all(m.weight.dtype == torch.int8 for m in int8)
     weights = load_file(str(ladder["qad"]["dir"] / "model.safetensors"))
     assert weights["model.model.transformer.layers.0.self_attn.to_qkv.weight"].dtype == torch.int8
 
