@@ -255,16 +255,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def _run_generate(args: argparse.Namespace) -> int:
     from audiofast.diffusion.checkpoint import CheckpointError
     from audiofast.diffusion.generate import generate, load_for_generation, save_audio
+    from audiofast.sweep.preset import apply_cli_preset
 
-    extra = {}
-    if args.preset:
-        from audiofast.sweep.params import SweepConfigError
-        from audiofast.sweep.preset import apply_preset
-
-        try:
-            extra = apply_preset(args, args.preset_defaults, args.preset, "audio")
-        except SweepConfigError as e:
-            raise SystemExit(f"audiofast: error: {e}") from None
+    extra = apply_cli_preset(args, "audio")
     if args.model is None:
         raise SystemExit("audiofast: error: --model (or a --preset naming one) is required")
     try:

@@ -110,13 +110,9 @@ def _run_transcribe(args: argparse.Namespace) -> int:
 
     tuning = {}
     if args.preset:
-        from audiofast.sweep.params import SweepConfigError
-        from audiofast.sweep.preset import apply_preset
+        from audiofast.sweep.preset import apply_cli_preset
 
-        try:
-            tuning = apply_preset(args, args.preset_defaults, args.preset, "asr")
-        except SweepConfigError as e:
-            raise SystemExit(f"audiofast: error: {e}") from None
+        tuning = apply_cli_preset(args, "asr")
     if args.format == "all" and args.output_dir is None:
         raise SystemExit("audiofast: error: --format all needs --output-dir")
     if args.engine == "fast" and args.batch_size:

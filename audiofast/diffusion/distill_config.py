@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import yaml
+from audiofast.yaml_file import read_yaml_mapping
 
 STAGES = ("cfg", "steps", "qad")
 
@@ -117,12 +117,7 @@ class StageConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> StageConfig:
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise StageConfigError(f"stage config not found: {path}") from None
-        except yaml.YAMLError as exc:
-            raise StageConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        data = read_yaml_mapping(path, "stage config", StageConfigError)
         return cls.from_dict(data, where=path.name)
 
     def replace(self, **sections: dict[str, Any]) -> StageConfig:

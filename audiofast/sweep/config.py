@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from audiofast.sweep.params import Param, SweepConfigError, parse_param
+from audiofast.yaml_file import read_yaml_mapping
 
 COMMON_KEYS = {"lane", "study", "trials", "seed", "storage", "workers", "out", "preset",
                "budgets", "choose", "heartbeat", "space", "sampler"}
@@ -84,15 +83,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def read_yaml(path: Path, what: str = "sweep config") -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SweepConfigError(f"{what} not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise SweepConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise SweepConfigError(f"{path}: expected a mapping at the top level")
-    return data
+    return read_yaml_mapping(path, what, SweepConfigError)
 
 
 def load_sweep_config(path: str | Path, overrides: dict | None = None) -> SweepConfig:

@@ -98,3 +98,14 @@ def apply_preset(args, parser_defaults: dict[str, Any], name: str | Path, lane: 
                 value = Path(value)
             setattr(args, dest, value)
     return extra
+
+
+def apply_cli_preset(args, lane: str) -> dict[str, Any]:
+    """:func:`apply_preset` for a command's ``--preset`` (``args.preset_defaults`` set by its
+    parser); a bad preset is the command's one-line error."""
+    if not args.preset:
+        return {}
+    try:
+        return apply_preset(args, args.preset_defaults, args.preset, lane)
+    except SweepConfigError as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
