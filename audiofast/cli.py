@@ -308,7 +308,8 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
                    help="ASR target (default: whisper-base) or SA3 parent checkpoint directory")
     p.add_argument("--keep", type=int, default=8000,
                    help="vocab: tokens to keep; drafter: tokens its cut output head can draft")
-    p.add_argument("--steps", type=int, default=None, help="training steps (vocab: 0 = slice only)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (vocab: 0 = slice only; qad: 0 = int8 without training)")
     p.add_argument("--sentences", type=int, default=400,
                    help="domain sentences spoken for training")
     p.add_argument("--workdir", type=Path, default=None,
