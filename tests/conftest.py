@@ -60,3 +60,20 @@ def fadtk_stats() -> Path:
     from audiofast.eval.fadtk_data import fadtk_dir
 
     return fadtk_dir() / "stats" / "fma_pop.npz"
+
+
+@pytest.fixture(scope="session")
+def kernel():
+    """The built kernels. Where a compiler exists and the CPU runs them, a failed build fails
+    the tests instead of skipping them."""
+    import os
+    import shutil
+
+    from audiofast.asr import kernels
+
+    if kernels.backend() != "avx2":
+        if shutil.which("g++") and kernels._cpu_supports_kernel() and \
+                os.environ.get("AUDIOFAST_KERNELS") != "torch":
+            pytest.fail("g++ is here and the CPU has AVX2/F16C, but the kernels did not build")
+        pytest.skip("the C++ kernel cannot be built here (no compiler or no AVX2/F16C)")
+    return torch.ops.audiofast.cross_attention

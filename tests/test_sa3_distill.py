@@ -25,7 +25,7 @@ from audiofast.diffusion.checkpoint import CheckpointError
 from audiofast.diffusion.distill import load_parent, prepare_stage, run_stage
 from audiofast.diffusion.distill_config import StageConfig, StageConfigError, load_stage_config
 from audiofast.diffusion.generate import generate, load_for_generation
-from audiofast.diffusion.int8 import Int8Linear, kernel_available, quantize_dit
+from audiofast.diffusion.int8 import Int8Linear, quantize_dit
 from audiofast.diffusion.qad import FakeQuantLinear, fake_quantize_
 from audiofast.diffusion.synthetic import (
     tiny_config,
@@ -136,7 +136,7 @@ def test_generate_command_samples_the_int8_student(ladder: dict, tmp_path: Path)
     assert out.stat().st_size > 44 + 2 * 7000
 
 
-@pytest.mark.skipif(not kernel_available(), reason="the int8 kernel is not built (setup.sh)")
+@pytest.mark.usefixtures("kernel")
 def test_int8_kernel_matches_fake_quant_forward(ladder: dict) -> None:
     """The exported int8 DiT against the QAD student's fake-quant forward on the same weights:
     the same arithmetic up to activation rounding ties (x * (1/s) vs x / s)."""
@@ -157,7 +157,7 @@ def test_int8_kernel_matches_fake_quant_forward(ladder: dict) -> None:
     assert (exact - b).abs().max() > 10 * (a - b).abs().max()  # int8 is not float
 
 
-@pytest.mark.skipif(not kernel_available(), reason="the int8 kernel is not built (setup.sh)")
+@pytest.mark.usefixtures("kernel")
 def test_int8_linear_rows_match_reference() -> None:
     gen = torch.Generator().manual_seed(1)
     linear = torch.nn.Linear(96, 40)

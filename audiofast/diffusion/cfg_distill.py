@@ -33,8 +33,9 @@ def velocity_mse(x0_pred: torch.Tensor, x0_target: torch.Tensor, t: torch.Tensor
     return ((x0_pred - x0_target) / t[:, None, None]).pow(2).mean()
 
 
-def cfg_distill_loss(student: X0Fn, teacher: X0Fn, batch: DistillBatch) -> torch.Tensor:
-    """The student's one-pass x0 against the guided teacher's at the batch's scales."""
+def prediction_loss(student: X0Fn, teacher: X0Fn, batch: DistillBatch) -> torch.Tensor:
+    """The student's x0 against the teacher's (here the guided teacher at the batch's scales;
+    QAD uses it too, the float parent against its fake-quantized copy), as velocities."""
     xt = batch.xt
     with torch.no_grad():
         target = teacher(xt, batch.t, batch)

@@ -25,7 +25,6 @@ from audiofast.diffusion.config_schema import (
     ConfigError,
     Section,
 )
-from audiofast.diffusion.student import KEY as STUDENT_KEY
 from audiofast.diffusion.student import StudentConfig, read_student
 
 
@@ -329,15 +328,6 @@ class SA3Config:
     autoencoder: AutoencoderConfig | SpectrogramConfig
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     student: StudentConfig | None = None  # a distilled checkpoint's "audiofast" section
-
-    def with_student(self, student: StudentConfig | None) -> SA3Config:
-        """This config with another student section (raw JSON updated to match)."""
-        from dataclasses import replace
-
-        raw = {k: v for k, v in self.raw.items() if k != STUDENT_KEY}
-        if student is not None:
-            raw[STUDENT_KEY] = student.to_dict()
-        return replace(self, raw=raw, student=student)
 
     @classmethod
     def from_dict(cls, data: dict) -> SA3Config:

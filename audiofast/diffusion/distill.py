@@ -28,12 +28,11 @@ import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
 
-from audiofast.diffusion.cfg_distill import X0Fn, cfg_distill_loss, velocity_mse
+from audiofast.diffusion.cfg_distill import X0Fn, prediction_loss
 from audiofast.diffusion.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -44,10 +43,15 @@ from audiofast.diffusion.checkpoint import (
 from audiofast.diffusion.distill_batch import DistillBatch, Shard, draw_batch
 from audiofast.diffusion.distill_config import StageConfig
 from audiofast.diffusion.flow_matching import LatentSet, encode_captions
-from audiofast.diffusion.generate import latent_lengths, load_for_generation
-from audiofast.diffusion.sampling import guided_denoiser, schedule
+from audiofast.diffusion.generate import latent_lengths, load_for_generation, model_denoiser
+from audiofast.diffusion.sampling import schedule
 from audiofast.diffusion.step_distill import halve_schedule, step_distill_loss
-from audiofast.diffusion.student import FoldedGuidance, StudentConfig, StudentSampler
+from audiofast.diffusion.student import (
+    FoldedGuidance,
+    StudentConfig,
+    StudentSampler,
+    with_student,
+)
 from audiofast.training import GradientSync, StepFn, TrainOptions, save_atomic, train
 
 log = logging.getLogger(__name__)
@@ -88,16 +92,10 @@ def parent_schedule(parent: SA3Model, cfg: StageConfig, stage: str,
 
 
 def x0_function(model: SA3Model, apg_scale: float = 1.0) -> X0Fn:
-    """``f(x_t, t, batch) -> x0``: one pass on a CFG-folded model (at the batch's scales when it
-    has a scale embedding), CFG's two passes at the batch's scales otherwise."""
-    folded = model.config.student.guidance if model.config.student else None
+    """``f(x_t, t, batch) -> x0`` at the batch's guidance scales (:func:`model_denoiser`)."""
 
     def x0(xt: torch.Tensor, t: torch.Tensor, batch: DistillBatch) -> torch.Tensor:
-        dit = model.dit
-        if folded is not None and folded.range is not None:
-            dit = partial(model.dit, guidance=batch.guidance)
-        scale = 1.0 if folded is not None else batch.guidance
-        return guided_denoiser(dit, batch.cond, None, scale, apg_scale)(xt, t)
+        return model_denoiser(model, batch.cond, batch.guidance, apg_scale)(xt, t)
 
     return x0
 
@@ -105,7 +103,7 @@ def x0_function(model: SA3Model, apg_scale: float = 1.0) -> X0Fn:
 def make_student(parent: SA3Model, student_cfg: StudentConfig) -> SA3Model:
     """The parent's weights in a model built for ``student_cfg`` (a new guidance embedding
     starts at zero, so the student starts as the parent)."""
-    config = parent.config.with_student(dataclasses.replace(student_cfg, quantization=None))
+    config = with_student(parent.config, dataclasses.replace(student_cfg, quantization=None))
     student = build_model(config)
     missing, unexpected = student.load_state_dict(parent.state_dict(), strict=False)
     stray = [k for k in missing if "to_guidance_embed" not in k] + list(unexpected)
@@ -190,13 +188,10 @@ def stage_step(stage: str, student: SA3Model, parent: SA3Model, data: LatentSet,
     def step(_: int, gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         batch = draw_batch(parent, data, t.batch, gen, sampler_times, t.schedule_time_prob,
                            guidance.range, guidance.scale, shard, device)
-        if stage == "cfg":
-            return cfg_distill_loss(student_x0, teacher_x0, batch), {}
         if stage == "steps":
             return step_distill_loss(student_x0, teacher_x0, batch, times, k), {}
-        with torch.no_grad():
-            target = teacher_x0(batch.xt, batch.t, batch)
-        return velocity_mse(student_x0(batch.xt, batch.t, batch), target, batch.t), {}
+        # cfg: the guided parent in one pass; qad: the float parent under int8 rounding
+        return prediction_loss(student_x0, teacher_x0, batch), {}
 
     return step
 
@@ -264,7 +259,7 @@ def run_stage(stage: str, parent_source: str | Path, cfg: StageConfig, out: str 
     if s.sync is not None and not s.sync.is_main:
         return StageResult(out, None)
     trained.requires_grad_(False)
-    trained.config = s.parent.config.with_student(s.student_config)
+    trained.config = with_student(s.parent.config, s.student_config)
     if stage == "qad":
         from audiofast.diffusion.int8 import quantize_dit
 

@@ -127,18 +127,20 @@ def generate(
 def model_denoiser(
     model: SA3Model,
     cond: Conditioning,
-    cfg_scale: float | None = None,
+    cfg_scale: float | torch.Tensor | None = None,
     apg_scale: float = 1.0,
     padding_mask: torch.Tensor | None = None,
 ) -> Denoiser:
-    """``denoise(x, t) -> x0_hat`` for ``model`` at guidance ``cfg_scale``: two passes per step
-    with CFG on a plain checkpoint (one at scale 1), always one on a CFG-folded student."""
+    """``denoise(x, t) -> x0_hat`` for ``model`` at guidance ``cfg_scale`` (None: 1, or a folded
+    student's own scale; a ``[B]`` tensor: one scale per item, as distillation trains): two
+    passes per step with CFG on a plain checkpoint, always one on a CFG-folded student."""
     folded = model.config.student.guidance if model.config.student else None
     if folded is None:
         scale = 1.0 if cfg_scale is None else cfg_scale
         return guided_denoiser(model.dit, cond, None, scale, apg_scale, padding_mask=padding_mask)
-    scale = folded.check(cfg_scale if cfg_scale != 1.0 or folded.range else None)
-    dit = partial(model.dit, guidance=scale) if folded.range is not None else model.dit
+    if not torch.is_tensor(cfg_scale):  # a user's --cfg: only what was folded in
+        cfg_scale = folded.check(cfg_scale)
+    dit = partial(model.dit, guidance=cfg_scale) if folded.range is not None else model.dit
     return guided_denoiser(dit, cond, padding_mask=padding_mask)
 
 

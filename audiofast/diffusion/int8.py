@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from audiofast.diffusion.qad import (
-    _replace,
     fake_quant_activation,
     quantize_weight,
     quantized_linear_names,
+    replace_module,
 )
 
 QUANTIZATION = {
@@ -107,7 +107,7 @@ def quantize_dit(dit: nn.Module, use_kernel: bool | None = None) -> nn.Module:
         if isinstance(old, Int8Linear):
             old.use_kernel = use_kernel
         else:
-            _replace(dit, name, Int8Linear.from_linear(old, use_kernel))
+            replace_module(dit, name, Int8Linear.from_linear(old, use_kernel))
     return dit
 
 
@@ -116,6 +116,6 @@ def empty_int8_dit_(dit: nn.Module) -> nn.Module:
     use_kernel = kernel_available()
     for name in quantized_linear_names(dit):
         old = dit.get_submodule(name)
-        _replace(dit, name, Int8Linear(old.in_features, old.out_features,
+        replace_module(dit, name, Int8Linear(old.in_features, old.out_features,
                                        old.bias is not None, use_kernel))
     return dit

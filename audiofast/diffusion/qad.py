@@ -72,7 +72,7 @@ def quantized_linear_names(dit: nn.Module) -> list[str]:
     return [*names, "transformer.project_out"]
 
 
-def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, child, new)
 
@@ -87,5 +87,5 @@ def fake_quantize_(dit: nn.Module) -> nn.Module:
         new = FakeQuantLinear(old.in_features, old.out_features, bias=old.bias is not None,
                               device="meta")
         new.weight, new.bias = old.weight, old.bias
-        _replace(dit, name, new)
+        replace_module(dit, name, new)
     return dit

@@ -17,10 +17,13 @@ student the way it was trained to be sampled without any flag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from audiofast.diffusion.config_schema import ConfigError, Section
+
+if TYPE_CHECKING:
+    from audiofast.diffusion.config import SA3Config
 
 KEY = "audiofast"
 QUANT_SCHEMES = ("w8a8",)
@@ -127,3 +130,11 @@ def read_student(raw: dict) -> StudentConfig | None:
     if not isinstance(data, dict):
         raise ConfigError(f"malformed SA3 config: {KEY} is not an object")
     return StudentConfig.from_dict(data)
+
+
+def with_student(config: SA3Config, student: StudentConfig | None) -> SA3Config:
+    """``config`` with another student section (its raw JSON updated to match)."""
+    raw = {k: v for k, v in config.raw.items() if k != KEY}
+    if student is not None:
+        raw[KEY] = student.to_dict()
+    return replace(config, raw=raw, student=student)

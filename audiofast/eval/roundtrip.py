@@ -185,15 +185,12 @@ def decoding_code_version() -> str:
 
 def cpu_isa() -> str:
     """The widest integer-dot-product ISA this CPU has, as the int8 kernels choose it."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+    from audiofast.asr.kernels import cpu_flags
+
+    flags = cpu_flags()
+    if not flags:
         return "unknown"
-    for isa in ("avx512_vnni", "avx512f", "avx2"):
-        if isa in flags:
-            return isa
-    return "sse"
+    return next((isa for isa in ("avx512_vnni", "avx512f", "avx2") if isa in flags), "sse")
 
 
 @dataclass

@@ -27,13 +27,18 @@ _backend: str | None = None
 _fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
 
 
-def _cpu_supports_kernel() -> bool:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split()
+        return frozenset(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                              if line.startswith("flags")).split())
     except (OSError, StopIteration):
-        return False
-    return {"avx2", "fma", "f16c"} <= set(flags)
+        return frozenset()
+
+
+def _cpu_supports_kernel() -> bool:
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c"]

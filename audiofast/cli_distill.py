@@ -1,0 +1,114 @@
+"""``audiofast distill``: the ASR lane's vocab-diet and drafter stages and the Stable Audio 3
+lane's cfg / steps / qad stages, each a thin shell over its library call."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def add_distill(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "distill", help="train a faster model from a full one (resumable)",
+        description="ASR: vocab, drafter. Stable Audio 3: cfg (fold guidance), steps (fewer "
+        "sampler steps), qad (int8 quantization-aware distillation); these end with a gate "
+        "and exit 1 when it fails.")
+    p.add_argument("--stage", choices=["vocab", "drafter", "cfg", "steps", "qad"], required=True,
+                   help="vocab: cut the output vocabulary and recover; drafter: draft decoder; "
+                   "cfg / steps / qad: the SA3 stages")
+    p.add_argument("--model", default=None,
+                   help="ASR target (default: whisper-base) or SA3 parent checkpoint directory")
+    p.add_argument("--keep", type=int, default=8000,
+                   help="vocab: tokens to keep; drafter: tokens its cut output head can draft")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (vocab: 0 = slice only; qad: 0 = int8 without training)")
+    p.add_argument("--sentences", type=int, default=400,
+                   help="domain sentences spoken for training")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="data and checkpoints; rerun the same command to resume after a kill")
+    p.add_argument("--out", type=Path, default=None, help="output folder")
+    p.add_argument("--threads", type=int, default=0)
+    sa3 = p.add_argument_group("Stable Audio 3 stages")
+    sa3.add_argument("--config", type=Path, default=None,
+                     help="stage YAML (default: configs/distill/<stage>.yaml)")
+    sa3.add_argument("--cfg", type=float, default=None, help="cfg: the guidance scale to fold")
+    sa3.add_argument("--cfg-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                     help="cfg: fold every scale in [LO, HI] (a guidance-scale embedding)")
+    sa3.add_argument("--from", dest="from_steps", type=int, default=None,
+                     help="steps: the parent's sampler steps")
+    sa3.add_argument("--to", dest="to_steps", type=int, default=None,
+                     help="steps: the student's sampler steps")
+    sa3.add_argument("--batch", type=int, default=None, help="training batch (all processes)")
+    sa3.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    sa3.add_argument("--baseline", default=None,
+                     help="what the gate compares against (default: the first non-student "
+                     "checkpoint up the parent chain)")
+    sa3.add_argument("--no-gate", action="store_true", help="skip the gate at the end")
+    p.set_defaults(run=_run_distill)
+
+
+def _run_distill(args: argparse.Namespace) -> int:
+    if args.stage in ("cfg", "steps", "qad"):
+        return _run_distill_sa3(args)
+    from audiofast.asr.distill import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
+
+    steps = {} if args.steps is None else {"steps": args.steps}
+    workdir = args.workdir or Path("runs/distill")
+    if args.stage == "vocab":
+        recipe = VocabDietRecipe(keep=args.keep, train_sentences=args.sentences, **steps)
+        out = distill_vocab(args.model, recipe, workdir, args.out, args.threads)
+    else:
+        recipe = DrafterRecipe(train_sentences=args.sentences, head_keep=args.keep, **steps)
+        out = distill_drafter(args.model, recipe, workdir, args.out, args.threads)
+    print(out)
+    return 0
+
+
+def _run_distill_sa3(args: argparse.Namespace) -> int:
+    import torch
+
+    from audiofast.diffusion.checkpoint import CheckpointError
+    from audiofast.diffusion.config_schema import ConfigError
+    from audiofast.diffusion.distill import run_stage
+    from audiofast.diffusion.distill_config import StageConfigError, load_stage_config
+
+    if args.model is None:
+        raise SystemExit("audiofast: error: --model: the parent checkpoint directory is required")
+    guidance = {k: v for k, v in (("scale", args.cfg), ("range", args.cfg_range)) if v is not None}
+    if "range" in guidance and "scale" not in guidance:
+        guidance["scale"] = sum(guidance["range"]) / 2
+    sampler = {k: v for k, v in (("parent_steps", args.from_steps), ("steps", args.to_steps))
+               if v is not None}
+    train = {k: v for k, v in (("steps", args.steps), ("batch", args.batch)) if v is not None}
+    try:
+        cfg = load_stage_config(args.stage, args.config).replace(
+            guidance=guidance, sampler=sampler, train=train,
+            gate={"enabled": False} if args.no_gate else {})
+    except StageConfigError as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("audiofast: error: --device cuda: no CUDA device is available")
+    accelerator = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under accelerate launch / torchrun
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(cpu=args.device == "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out or Path("runs/students") / args.stage
+    workdir = args.workdir or Path("runs/distill")
+    try:
+        result = run_stage(args.stage, args.model, cfg, out, workdir, args.device,
+                           args.baseline, accelerator)
+    except (CheckpointError, ConfigError, StageConfigError, ValueError) as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    if accelerator is not None and not accelerator.is_main_process:
+        return 0
+    print(result.checkpoint)
+    if result.gate_passed is False:
+        print(f"audiofast: gate FAILED: see {result.checkpoint / 'gate' / 'gate.md'}",
+              file=sys.stderr)
+        return 1
+    return 0
