@@ -56,12 +56,18 @@ def open_storage(url: str, heartbeat_interval: int = 10, grace_period: int = 60,
                     grace_period=grace_period,
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry))
         except Exception as exc:  # driver missing, refused, bad URL, auth, disk: one line
-            if "already exists" in str(exc) and attempt < 2:
+            if _creating_race(exc) and attempt < 2:
                 time.sleep(1 + attempt)  # another worker was creating the tables just then
                 continue
             raise SweepConfigError(f"storage {redact(url)}: unreachable or unusable: "
                                    f"{_reason(exc)}") from None
     raise AssertionError("unreachable")
+
+
+def _creating_race(exc: BaseException) -> bool:
+    """True for the errors two processes get when both create the tables at once."""
+    text = str(exc).lower()
+    return any(s in text for s in ("already exists", "database is locked", "duplicate key"))
 
 
 def _reason(exc: BaseException) -> str:
