@@ -32,9 +32,10 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                    "with its C++ kernels) or CTranslate2 (ct2: beams, batched chunks, other "
                    "compute types); auto (default): fast where its kernels are built and the "
                    "options allow it, else ct2")
-    p.add_argument("--precision", choices=["int8", "fp32", "bf16"], default="int8",
-                   help="weights of the fast engine (int8: per-channel weights, each row's "
-                        "activations quantized alone, so drafting is lossless)")
+    p.add_argument("--precision", choices=["int8", "fp32"], default="int8",
+                   help="the fast engine's decoder: int8 (the fused C++ decoder: per-channel "
+                        "weights, each row's activations quantized alone, so drafting is "
+                        "lossless) or fp32 (the eager reference decoder, slower)")
     p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,

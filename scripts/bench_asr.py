@@ -37,8 +37,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
     then any of ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of
-    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto`` (encoder),
-    ``+script`` (int8 on the TorchScript step instead of the fused C++ op)."""
+    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto``
+    (encoder)."""
     if fast:
         precision, *parts = fast.split("+")
         drafter = next((p for p in parts if p in ("ngram", "model")), "none")
@@ -47,7 +47,7 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
         runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
                               precision=precision, drafter=drafter, draft_model=draft_model,
-                              encoder=encoder, fused="script" not in parts)
+                              encoder=encoder)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = CT2Whisper(model, threads=threads, encoder=spec.encoder)
@@ -191,6 +191,58 @@ def long_clip(clips: list[EvalClip], repeats: int, folder: Path) -> EvalClip:
     return EvalClip(path.stem, path, reference, "real")
 
 
+FW_SCRIPT = """import sys
+from faster_whisper import WhisperModel
+model = WhisperModel(sys.argv[1], device="cpu", compute_type="int8", cpu_threads=int(sys.argv[3]))
+segments, _ = model.transcribe(sys.argv[2], beam_size=1, language="en")
+print("".join(s.text for s in segments).strip())
+"""
+
+
+def cold_process(model: str, clips: list[EvalClip], runs: int, threads: int) -> list[dict]:
+    """Whole processes as a user starts them from the shell (``audiofast transcribe`` vs a
+    five-line faster-whisper script, both greedy, ``--language en``), alternated, each run
+    under ``/usr/bin/time``: wall seconds (median) and peak resident memory (max)."""
+    import subprocess
+    import sys
+
+    from audiofast.models import resolve_model
+
+    audiofast_cli = str(Path(sys.executable).with_name("audiofast"))
+    commands = {
+        "audiofast (cold process)": lambda clip: [
+            audiofast_cli, "transcribe", str(clip.audio), "--model", model, "--language", "en",
+            "--threads", str(threads)],
+        "faster-whisper (cold process)": lambda clip: [
+            sys.executable, "-c", FW_SCRIPT, str(resolve_model(model).ct2_dir), str(clip.audio),
+            str(threads)],
+    }
+    rows = []
+    for clip in clips:
+        walls: dict[str, list[float]] = {name: [] for name in commands}
+        peaks: dict[str, list[int]] = {name: [] for name in commands}
+        texts: dict[str, str] = {}
+        for _ in range(runs):
+            for name, command in commands.items():
+                run = subprocess.run(["/usr/bin/time", "-f", "%e %M", *command(clip)],
+                                     capture_output=True, text=True, check=True)
+                wall, peak_kb = run.stderr.strip().splitlines()[-1].split()
+                walls[name].append(float(wall))
+                peaks[name].append(int(peak_kb))
+                texts[name] = run.stdout.strip()
+        for name in commands:
+            rows.append({"engine": f"{name}/{model}", "clip": clip.name,
+                         "seconds": statistics.median(walls[name]), "walls": walls[name],
+                         "peak_rss_mb": max(peaks[name]) / 1024,
+                         "wer": wer(clip.reference, texts[name])})
+    print("| process | clip | wall s (median) | peak RSS MB | WER |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['engine']} | {r['clip']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
+              f"{100 * r['wer']:.1f}% |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["whisper-base"])
@@ -214,6 +266,9 @@ def main() -> None:
                         help="add a faster-whisper BatchedInferencePipeline row, batch size N")
     parser.add_argument("--long", type=int, default=0, metavar="N",
                         help="only a long stand-in clip: the real clips end to end, N times")
+    parser.add_argument("--cold", type=int, default=0, metavar="RUNS",
+                        help="only whole-process rows: audiofast transcribe vs faster-whisper "
+                        "from the shell, RUNS each, alternated (wall time and peak RSS)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
@@ -223,6 +278,14 @@ def main() -> None:
 
         clips = [long_clip(clips, args.long, cache_dir() / "bench")]
     results = []
+    if args.cold:
+        for model in args.models:
+            results += cold_process(model, clips, args.cold, args.threads)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": {"cold_runs": args.cold, "threads":
+                                                 args.threads}, "results": results}, indent=2))
+        print(f"wrote {args.out}")
+        return
     for model in args.models:
         engines = {
             f"faster-whisper/{model}": faster_whisper_engine(model, args.threads, args.beam_size,

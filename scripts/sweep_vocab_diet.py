@@ -112,7 +112,7 @@ def evaluate(model: str, clips, threads: int) -> dict:
     return {"wer": wer(refs, hyps), "wer_domain": wer(domain_refs, domain_hyps),
             "wer_real": wer([r for r, _ in real], [h for _, h in real]),
             "ms_per_token": step_ms(runtime, clips[0][1]),
-            "vocab": runtime.engine.embed.num_embeddings}
+            "vocab": runtime.engine.embed.shape[0]}
 
 
 def plot(rows: list[dict], path: Path) -> None:

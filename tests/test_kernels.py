@@ -1,4 +1,4 @@
-"""The C++ kernels: cross-attention against PyTorch; the fused decoder's int8 linear."""
+"""The C++ kernels: the int8 linear, its thread pool and build; running without them."""
 
 import os
 import subprocess
@@ -10,54 +10,51 @@ import torch
 from audiofast.asr import kernels
 
 
-@pytest.mark.parametrize("frames", [1, 7, 1500])
-def test_kernel_matches_torch(kernel, frames):
-    gen = torch.Generator().manual_seed(frames)
-    q = torch.randn(8, 64, generator=gen) * 0.125
-    keys = torch.randn(8, frames, 64, generator=gen).half()
-    values = torch.randn(8, frames, 64, generator=gen).half()
-    expected = kernels._cross_attention_torch(q, keys, values)
-    assert torch.allclose(kernel(q, keys, values), expected, atol=1e-5, rtol=1e-4)
-    # A strided query row (the engine passes q[:, r]) reads the same numbers.
-    wide = torch.randn(8, 3, 64, generator=gen)
-    assert torch.equal(kernel(wide[:, 1], keys, values),
-                       kernel(wide[:, 1].contiguous(), keys, values))
-
-
-def test_kernel_rejects_wrong_layouts(kernel):
-    q = torch.randn(8, 64)
-    keys = torch.randn(8, 10, 64).half()
-    with pytest.raises(RuntimeError, match="float16"):
-        kernel(q, keys.float(), keys.float())
-    with pytest.raises(RuntimeError, match=r"\(heads, 64\) float32"):
-        kernel(torch.randn(8, 32), keys, keys)
-
-
-def test_fallback_registers_the_same_op():
-    """Where the kernel cannot be built the op still exists (the decoder's scripted step
-    names it), computed by PyTorch; a warning says why."""
-    code = ("import warnings, torch\n"
+def test_without_kernels_int8_says_why_and_auto_uses_ct2():
+    """Where the kernels cannot run (forced here), a warning names the reason, the int8
+    decoder refuses in one line, and --engine auto transcribes on CTranslate2."""
+    code = ("import warnings\n"
             "from audiofast.asr import kernels\n"
             "with warnings.catch_warnings(record=True) as caught:\n"
             "    warnings.simplefilter('always')\n"
             "    print(kernels.backend())\n"
-            "print(any('AUDIOFAST_KERNELS=torch' in str(w.message) for w in caught))\n"
-            "q, kv = torch.randn(2, 64), torch.randn(2, 5, 64).half()\n"
-            "print(torch.ops.audiofast.cross_attention(q, kv, kv).shape)\n")
-    env = {**os.environ, "AUDIOFAST_KERNELS": "torch"}
+            "print(any('AUDIOFAST_KERNELS=none' in str(w.message) for w in caught))\n"
+            "from audiofast.asr.engine import KernelsUnavailable\n"
+            "from audiofast.asr.fast_runtime import FastWhisper\n"
+            "try:\n"
+            "    FastWhisper('whisper-tiny.en', threads=1)\n"
+            "except KernelsUnavailable as exc:\n"
+            "    print(exc)\n")
+    env = {**os.environ, "AUDIOFAST_KERNELS": "none"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout.split("\n")
-    assert out[:3] == ["torch", "True", "torch.Size([2, 64])"]
+    assert out[:2] == ["none", "True"]
+    assert "needs audiofast's C++ kernels" in out[2] and "--engine ct2" in out[2]
+    from audiofast.eval.datasets import real_speech_clips
+
+    clip = next(c for c in real_speech_clips() if c.name == "beckett")
+    run = subprocess.run([sys.executable, "-m", "audiofast.cli", "transcribe", str(clip.audio),
+                          "--model", "whisper-tiny.en"], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Fail better" in run.stdout
 
 
 def _quantized_linear(out_features: int, in_features: int, seed: int):
-    from audiofast.asr.fused_decoder import int8_linear_tensors
-    from audiofast.asr.invariant_int8 import quantize_per_channel
+    """A float linear, fbgemm's dynamic int8 linear over the same int8 weights (one activation
+    range per call, 7-bit), and the kernel's tensors."""
+    import warnings
+
+    from audiofast.asr.int8_pack import int8_linear_tensors, per_channel_qint8
 
     torch.manual_seed(seed)
     linear = torch.nn.Linear(in_features, out_features)
-    quantized = quantize_per_channel(linear)
-    return linear, quantized, int8_linear_tensors(linear)
+    with warnings.catch_warnings():  # torch.ao's eager quantized modules are deprecated
+        warnings.simplefilter("ignore")
+        fbgemm = torch.ao.nn.quantized.dynamic.Linear(in_features, out_features,
+                                                      dtype=torch.qint8)
+        fbgemm.set_weight_bias(per_channel_qint8(linear.weight.detach()), linear.bias.detach())
+    return linear, fbgemm, int8_linear_tensors(linear.weight, linear.bias)
 
 
 @pytest.mark.parametrize("shape", [(100, 512), (2048, 512), (512, 2048), (37, 384)])

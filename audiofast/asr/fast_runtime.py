@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.decoder_weights import DecoderWeights
 from audiofast.asr.decoding import (
     Drafter,
     LogitRules,
@@ -16,7 +17,7 @@ from audiofast.asr.decoding import (
     sample_decode_forked,
 )
 from audiofast.asr.drafters.ngram import NgramDrafter
-from audiofast.asr.engine import DecoderWeights, Precision, WhisperDecoderEngine
+from audiofast.asr.engine import Precision, WhisperDecoderEngine
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
@@ -29,35 +30,42 @@ class FastWhisper:
 
     def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
                  drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None,
-                 encoder: str = "ct2", invariant: bool | None = None, fused: bool = True):
-        """``invariant`` (default: when drafting): int8 linears with per-row activation
-        ranges, so a drafted row decodes exactly as it would alone (invariant_int8.py); they
-        cost ~4 ms per token at 1500 frames (12.3 vs 8.5 ms per step measured), so plain
-        greedy runs fbgemm's own dynamic int8. Both only where the fused C++ decoder cannot
-        run (``fused=False``, or no kernels): its rows are computed alone by construction."""
+                 encoder: str = "ct2"):
+        """``precision``: int8 decodes on the fused C++ decoder (its packed weights cached on
+        disk, packed_cache.py), fp32 on the eager reference decoder."""
         self.ct2 = CT2Whisper(model, threads=threads, encoder=encoder)
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = self.ct2.tokenizer
         self.n_mels = self.ct2.n_mels
-        if self.ct2.vocab is not None:  # a vocab-diet export: its HF checkpoint sits in hf/
-            from transformers import WhisperForConditionalGeneration
-
-            weights = DecoderWeights.from_hf(WhisperForConditionalGeneration.from_pretrained(
-                self.ct2.resolved.ct2_dir / "hf"))
-        else:
-            weights = DecoderWeights.from_ct2(self.ct2.resolved.ct2_dir)
-        if invariant is None:
-            invariant = drafter != "none"
-        self.engine = WhisperDecoderEngine(weights, precision, self.ct2.vocab, invariant,
-                                           fused=fused)
-        del weights
+        self.engine = WhisperDecoderEngine(self._decoder_weights(precision), precision,
+                                           self.ct2.vocab)
         self.drafter_name = drafter
         self.draft_model = draft_model
         self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
         self.seed = seed
         self.generator = torch.Generator()
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
+
+    def _decoder_weights(self, precision: Precision) -> DecoderWeights | dict:
+        """The decoder's float weights, or for int8 its packed tensors (from the cache when
+        this model was packed before: reading and packing the float weights is then skipped)."""
+        folder = self.ct2.resolved.ct2_dir
+
+        def weights() -> DecoderWeights:
+            if self.ct2.vocab is None:
+                return DecoderWeights.from_ct2(folder)
+            from transformers import WhisperForConditionalGeneration  # a vocab-diet export
+
+            return DecoderWeights.from_hf(
+                WhisperForConditionalGeneration.from_pretrained(folder / "hf"))
+
+        if precision != "int8":
+            return weights()
+        from audiofast.asr.fused_decoder import pack_decoder
+        from audiofast.asr.packed_cache import load_or_pack
+
+        return load_or_pack(folder / "model.bin", None, lambda: pack_decoder(weights()))
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_name == "none":

@@ -1,98 +1,115 @@
-"""The int8 decoder as one C++ call (``torch.ops.audiofast.decoder_forward``).
+"""The int8 decoder as one C++ call (``torch.ops.audiofast.decoder_forward``): the default.
 
-The TorchScript step spends most of a token between ~300 small ATen ops and in fbgemm's int8
-linears, which read weights at a third of this machine's memory bandwidth. The fused op runs
-every layer of a call in C++ (kernels/decoder_step.cpp) over the same int8 weights, KV cache and
-fp16 cross-attention K/V, and quantizes each row with its own range and sums products exactly
-in int32, so a row's logits never depend on the rows beside it: plain greedy and draft
-verification share one arithmetic, and drafting is lossless without a slower invariant mode.
+A step of Whisper's decoder is ~300 small ops; in eager PyTorch the time between them and in
+dynamic int8 linears reading weights at a third of the memory bandwidth was most of a token.
+The fused op runs every layer of a call in C++ (kernels/decoder_step.cpp) over int8 weights
+(int8_pack.py), a float KV cache and fp16 cross-attention K/V, and quantizes each row with its
+own range and sums products exactly in int32, so a row's logits never depend on the rows
+beside it: plain greedy and draft verification share one arithmetic, and drafting is lossless.
+
+An int8 head's logits are recomputed exactly (fp32) for its top ``RESCORE_TOP`` candidates:
+the word choice is made among them, and the head was the layer whose rounding moved greedy
+output most. The packed tensors are plain tensors (:meth:`FusedDecoder.tensors`), so the
+start-up cache (packed_cache.py) can store and memory-map them.
 """
 
+from __future__ import annotations
+
 import torch
-from torch import nn
 
-from audiofast.asr.invariant_int8 import per_channel_qint8
+from audiofast.asr.decoder_weights import LAYER_PARTS, NORM_NAMES, DecoderWeights, layer_part
+from audiofast.asr.int8_pack import Int8Linear, int8_linear_tensors
 
-_LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out", "ffn_ln",
-                "fc1", "fc2")
-
-
-def pack_int8_weight(q: torch.Tensor) -> torch.Tensor:
-    """(out, in) int8 -> (blocks, in / 4, 64): per block of 16 outputs and group of 4 inputs,
-    the 16 outputs' 4 weights side by side (the kernel's layout; padded outputs are zero)."""
-    out, width = q.shape
-    if width % 32:
-        raise ValueError(f"the fused decoder needs input widths divisible by 32, not {width}")
-    blocks = -(-out // 16)
-    padded = torch.zeros(blocks * 16, width, dtype=torch.int8)
-    padded[:out] = q
-    return padded.view(blocks, 16, width // 4, 4).transpose(1, 2).reshape(blocks, width // 4, 64)
+RESCORE_TOP = 16
+HEAD_DIM = 64  # the C++ attention is written for Whisper's 64-wide heads
 
 
-def int8_linear_tensors(linear: nn.Linear) -> list[torch.Tensor]:
-    """A float linear as the kernel's four tensors: packed int8 weight (the per-channel int8
-    weights of the TorchScript int8 engine, :func:`per_channel_qint8`), per-channel scale,
-    weight row sums, bias."""
-    weight = per_channel_qint8(linear.weight.detach())
-    q = weight.int_repr()
-    bias = torch.zeros(q.shape[0]) if linear.bias is None else linear.bias.detach().float()
-    return [pack_int8_weight(q), weight.q_per_channel_scales().float().contiguous(),
-            q.sum(1, dtype=torch.int32), bias.contiguous()]
-
-
-class Int8Linear(nn.Module):
-    """One int8 linear of the fused decoder, callable alone (the diet sweep times the head)."""
-
-    def __init__(self, tensors: list[torch.Tensor]):
-        super().__init__()
-        self.tensors = tensors
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.audiofast.int8_linear(x.reshape(-1, x.shape[-1]).float(), self.tensors)
-
-
-def _norm_tensors(norm: nn.LayerNorm) -> list[torch.Tensor]:
-    return [norm.weight.detach().contiguous(), norm.bias.detach().contiguous()]
+def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """Every tensor the fused op reads, by name: float embeddings, norms and the exact head;
+    int8-packed linears (``head_ids``: a drafter's cut head, logits only for these ids)."""
+    if weights.d_model // weights.n_heads != HEAD_DIM:
+        raise ValueError(f"the fused int8 decoder needs {HEAD_DIM}-wide attention heads, not "
+                         f"{weights.d_model // weights.n_heads}; use precision fp32 or the "
+                         "ct2 engine")
+    head = weights.head if head_ids is None else weights.head[head_ids].contiguous()
+    out = {"embed": weights.state["embed_tokens.weight"],
+           "positions": weights.state["embed_positions.weight"],
+           "n_heads": torch.tensor(weights.n_heads), "exact_head": head}
+    out["final_ln.0"], out["final_ln.1"] = weights.norm("layer_norm")
+    for k, t in enumerate(int8_linear_tensors(head, None)):
+        out[f"lm_head.{k}"] = t
+    for i in range(weights.n_layers):
+        for part in [*LAYER_PARTS, "cross_kv"]:
+            w, b = layer_part(weights, i, part)
+            tensors = [w, b] if part in NORM_NAMES else int8_linear_tensors(w, b)
+            for k, t in enumerate(tensors):
+                out[f"layers.{i}.{part}.{k}"] = t.contiguous()
+    return out
 
 
 class FusedDecoder:
-    """Calls the fused op with a float :class:`~audiofast.asr.engine.DecoderStep`'s tensors,
-    its linears quantized to int8 here, and its KV cache."""
+    """The fused op's inputs (packed tensors, KV cache) and its calls."""
 
-    def __init__(self, step: nn.Module):
-        self.step = step
-        self.lm_head = Int8Linear(int8_linear_tensors(step.lm_head))
-        params = [step.embed.weight.detach(), step.positions, *_norm_tensors(step.final_ln),
-                  *self.lm_head.tensors, step.exact_head]
-        for layer in step.layers:
-            for part in _LAYER_PARTS:
-                module = getattr(layer, part)
-                params += (_norm_tensors(module) if isinstance(module, nn.LayerNorm)
-                           else int8_linear_tensors(module))
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self._tensors = tensors
+        self.n_heads = int(tensors["n_heads"])
+        self.n_ctx, self.d_model = tensors["positions"].shape
+        self.n_layers = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
+        self.embed = tensors["embed"]
+        self.lm_head = Int8Linear([tensors[f"lm_head.{k}"] for k in range(4)])
+        params = [tensors["embed"], tensors["positions"], tensors["final_ln.0"],
+                  tensors["final_ln.1"], *self.lm_head.tensors, tensors["exact_head"]]
+        for i in range(self.n_layers):
+            for part in LAYER_PARTS:
+                count = 2 if part in NORM_NAMES else 4
+                params += [tensors[f"layers.{i}.{part}.{k}"] for k in range(count)]
         self.params = params
         # The once-per-window K/V projection of the encoder output, each frame its own range.
-        self.cross_kv = [Int8Linear(int8_linear_tensors(layer.cross_kv)) for layer in step.layers]
+        self.cross_kv = [Int8Linear([tensors[f"layers.{i}.cross_kv.{k}"] for k in range(4)])
+                         for i in range(self.n_layers)]
+        shape = (self.n_layers, 1, self.n_heads, self.n_ctx, HEAD_DIM)
+        self.k_cache, self.v_cache = torch.zeros(shape), torch.zeros(shape)
         self.forked_k = self.forked_v = torch.empty(0)  # fork()'s caches, kept between windows
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self._tensors
+
+    def project_audio(self, encoder_out: torch.Tensor) -> tuple[list[torch.Tensor],
+                                                                list[torch.Tensor]]:
+        """Cross-attention K and V per layer, (heads, frames, 64) fp16, once per window: read
+        whole on every token (36 MB at 1500 frames in fp32, more than L3), so stored in fp16
+        (~1e-4 relative rounding, below int8's elsewhere) and widened in registers."""
+        enc = encoder_out.reshape(-1, self.d_model).float()
+        keys, values = [], []
+        for project in self.cross_kv:
+            k, v = project(enc).chunk(2, dim=-1)
+            keys.append(self._heads(k).half().contiguous())
+            values.append(self._heads(v).half().contiguous())
+        return keys, values
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape[0], self.n_heads, HEAD_DIM).transpose(0, 1)
 
     def __call__(self, tokens: torch.Tensor, start: int, last: int,
                  cross_k: list[torch.Tensor], cross_v: list[torch.Tensor]) -> torch.Tensor:
         return torch.ops.audiofast.decoder_forward(
-            tokens, start, last, self.params, self.step.k_cache, self.step.v_cache, cross_k,
-            cross_v, self.step.rescore)
+            tokens, start, last, self.params, self.k_cache, self.v_cache, cross_k, cross_v,
+            RESCORE_TOP)
 
     def fork(self, copies: int, length: int) -> None:
         """Caches for ``copies`` sequences, each starting with the main cache's first
         ``length`` positions."""
-        shape = list(self.step.k_cache.shape)
+        shape = list(self.k_cache.shape)
         shape[1] = copies
         if list(self.forked_k.shape) != shape:
             self.forked_k, self.forked_v = torch.zeros(shape), torch.zeros(shape)
-        self.forked_k[:, :, :, :length] = self.step.k_cache[:, :, :, :length]
-        self.forked_v[:, :, :, :length] = self.step.v_cache[:, :, :, :length]
+        self.forked_k[:, :, :, :length] = self.k_cache[:, :, :, :length]
+        self.forked_v[:, :, :, :length] = self.v_cache[:, :, :, :length]
 
     def forked(self, tokens: torch.Tensor, position: int, cross_k: list[torch.Tensor],
                cross_v: list[torch.Tensor]) -> torch.Tensor:
         """One token per forked sequence, all at ``position``: a row per sequence."""
         return torch.ops.audiofast.decoder_forward(
             tokens, position, 0, self.params, self.forked_k, self.forked_v, cross_k, cross_v,
-            self.step.rescore)
+            RESCORE_TOP)

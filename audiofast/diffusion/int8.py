@@ -77,7 +77,7 @@ class Int8Linear(nn.Module):
     def packed(self) -> list[torch.Tensor]:
         """The kernel's four tensors: packed weight, scale, weight row sums, bias."""
         if self._packed is None:
-            from audiofast.asr.fused_decoder import pack_int8_weight
+            from audiofast.asr.int8_pack import pack_int8_weight
 
             bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
             self._packed = [pack_int8_weight(self.weight), self.weight_scale.float().contiguous(),

@@ -25,7 +25,7 @@ from audiofast.sweep.config import existing_dir, get, section
 from audiofast.sweep.params import Domain, Param, SweepConfigError
 
 SETTING_KEYS = ("model", "baseline", "speed", "gate", "vocab_models", "draft_model")
-PRECISIONS = ("int8", "fp32", "bf16")
+PRECISIONS = ("int8", "fp32")  # the fast engine: fused int8 or the fp32 reference
 COMPUTE_TYPES = ("int8", "int8_float32", "int16", "float32")
 
 

@@ -1,13 +1,11 @@
 """Our C++ kernels: ``torch.ops.audiofast.decoder_forward``, the whole int8 decoder in one op
-(decoder_step.cpp, over int8_linear.cpp's ``int8_linear``), and
-``torch.ops.audiofast.cross_attention`` (cross_attention.cpp, for the TorchScript step).
+(decoder_step.cpp, over int8_linear.cpp's ``int8_linear`` and cross_attention.cpp), and
+``int8_linear`` alone (the SA3 lane's int8 DiT).
 
 Built on first use with the system compiler (``torch.utils.cpp_extension``, ~1 min, once per
-torch version; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
-built - no compiler, or a CPU without AVX2/F16C - the same op is registered with a PyTorch
-implementation (the decoder then runs its TorchScript step instead of decoder_forward), so
-the decoder runs everywhere; :func:`backend` says which one is live (the judge's transcript
-cache keys on it, since the two round differently).
+source hash; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
+built - no compiler, or a CPU without AVX2/F16C - :func:`backend` says "none" with a warning
+naming the reason, and transcription runs on CTranslate2 (``--engine auto``) instead.
 
 ``python -m audiofast.asr.kernels`` builds it and prints the backend.
 """
@@ -24,7 +22,6 @@ HERE = Path(__file__).parent
 SOURCES = [HERE / "cross_attention.cpp", HERE / "int8_linear.cpp", HERE / "decoder_step.cpp"]
 HEADERS = [HERE / "avx2.h", HERE / "cross_attention.h", HERE / "int8_linear.h", HERE / "pool.h"]
 _backend: str | None = None
-_fallback: torch.library.Library | None = None  # the fallback's registration, kept alive
 
 
 @functools.cache
@@ -65,7 +62,7 @@ def _built_library() -> Path:
 def is_built() -> bool:
     """Whether the kernels are built for these exact sources, flags and torch, on a CPU that
     runs them (nothing is built or loaded here: the CLI asks this to choose its engine)."""
-    if os.environ.get("AUDIOFAST_KERNELS") == "torch" or not _cpu_supports_kernel():
+    if os.environ.get("AUDIOFAST_KERNELS") == "none" or not _cpu_supports_kernel():
         return False
     return _built_library().is_file()
 
@@ -83,28 +80,16 @@ def _build() -> None:
          extra_cflags=CFLAGS, is_python_module=False)
 
 
-def _cross_attention_torch(q: torch.Tensor, keys: torch.Tensor,
-                           values: torch.Tensor) -> torch.Tensor:
-    probs = torch.einsum("hd,htd->ht", q, keys.to(q.dtype)).softmax(-1)
-    return torch.einsum("ht,htd->hd", probs, values.to(q.dtype))
-
-
-def _register_torch_fallback() -> None:
-    global _fallback
-    _fallback = torch.library.Library("audiofast", "DEF")
-    _fallback.define("cross_attention(Tensor q, Tensor keys, Tensor values) -> Tensor")
-    _fallback.impl("cross_attention", _cross_attention_torch, "CPU")
-
-
 def backend() -> str:
-    """Make ``torch.ops.audiofast.cross_attention`` available: "avx2" (the C++ kernel) or
-    "torch" (the fallback). ``AUDIOFAST_KERNELS=torch`` forces the fallback."""
+    """Load (building if needed) the kernels: "avx2" when ``torch.ops.audiofast`` holds them,
+    "none" (with a warning naming why) when they cannot run here. ``AUDIOFAST_KERNELS=none``
+    forces "none"."""
     global _backend
     if _backend is not None:
         return _backend
     reason = None
-    if os.environ.get("AUDIOFAST_KERNELS") == "torch":
-        reason = "AUDIOFAST_KERNELS=torch"
+    if os.environ.get("AUDIOFAST_KERNELS") == "none":
+        reason = "AUDIOFAST_KERNELS=none"
     elif not _cpu_supports_kernel():
         reason = "this CPU lacks AVX2/FMA/F16C"
     else:
@@ -115,8 +100,6 @@ def backend() -> str:
     if reason is None:
         _backend = "avx2"
     else:
-        warnings.warn(f"audiofast: C++ decoder kernels not used: {reason}; "
-                      "decoding with the PyTorch fallback", stacklevel=2)
-        _register_torch_fallback()
-        _backend = "torch"
+        warnings.warn(f"audiofast: C++ decoder kernels not available: {reason}", stacklevel=2)
+        _backend = "none"
     return _backend

@@ -30,19 +30,4 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const tor
   });
 }
 
-// The op: q (heads, 64) fp32, already scaled -> (heads, 64), one query row.
-torch::Tensor cross_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values) {
-  TORCH_CHECK(q.dim() == 2 && q.size(1) == kHeadDim && q.scalar_type() == torch::kFloat,
-              "q must be (heads, 64) float32");
-  q = q.contiguous();
-  auto out = torch::empty_like(q);
-  cross_attention_rows(q.data_ptr<float>(), 1, q.size(0), keys, values, out.data_ptr<float>());
-  return out;
-}
-
 }  // namespace audiofast
-
-TORCH_LIBRARY(audiofast, m) {
-  m.def("cross_attention(Tensor q, Tensor keys, Tensor values) -> Tensor",
-        audiofast::cross_attention);
-}

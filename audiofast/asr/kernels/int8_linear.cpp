@@ -249,7 +249,7 @@ int64_t pool_selftest(int64_t n, int64_t throw_at) {
 
 }  // namespace audiofast
 
-TORCH_LIBRARY_FRAGMENT(audiofast, m) {
+TORCH_LIBRARY(audiofast, m) {
   m.def("int8_linear(Tensor x, Tensor[] linear) -> Tensor", audiofast::int8_linear);
   m.def("_pool_selftest(int n, int throw_at) -> int", audiofast::pool_selftest);
   // Which dot-product path int8_linear takes here ("avx512_vnni" or "avx2"), so a test can
