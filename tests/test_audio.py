@@ -110,3 +110,26 @@ def test_log_mel_matches_transformers_feature_extractor(reference):
     # Whisper pads the audio to 30 s with zeros before the STFT.
     ours = log_mel_spectrogram(reference, 80, padding=N_FRAMES * 160 - len(reference))
     assert np.abs(pad_or_trim(ours).numpy() - expected).max() < 1e-4
+
+
+@pytest.mark.parametrize("suffix", [".wav", ".flac"])
+def test_16k_mono_pcm_is_read_without_ffmpeg_and_identically(tmp_path, clips, suffix):
+    """A file already in Whisper's format skips torchcodec (whose import costs a cold start
+    ~1.5 s): the samples are exactly ffmpeg's, and torchcodec is never imported."""
+    import subprocess
+    import sys
+
+    import soundfile
+    from torchcodec.decoders import AudioDecoder
+
+    pcm, rate = soundfile.read(str(clips["beckett"].audio), dtype="int16")
+    assert rate == 16_000
+    path = tmp_path / f"clip{suffix}"
+    soundfile.write(str(path), pcm, rate, subtype="PCM_16")
+    ffmpeg = AudioDecoder(str(path), sample_rate=16_000, num_channels=1).get_all_samples()
+    assert np.array_equal(load_audio(path), ffmpeg.data.reshape(-1).numpy())
+    code = ("import sys\nfrom audiofast.audio import load_audio\nload_audio(sys.argv[1])\n"
+            "print('torchcodec' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "False"
