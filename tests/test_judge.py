@@ -202,6 +202,26 @@ def test_gate_passes_the_baseline_against_itself(config):
     assert all(c["value"] in (0, False) for c in verdict.checks)
 
 
+@pytest.mark.slow
+def test_gate_passes_the_fp32_reference_against_the_int8_baseline():
+    """The real gate (53 sentences x 4 voices, noise at 15 dB, real recordings) must not
+    reject a candidate that only rounds differently: the fp32 reference decoder against the
+    CTranslate2 int8 baseline (it failed the old 0.3-point limit at +0.61; the limits now come
+    from the measured noise floor, evals/gate_floor.md)."""
+    verdict = gate_asr("fast:whisper-base@fp32", "whisper-base", load_config(), threads=2)
+    assert verdict.passed, verdict.checks
+
+
+def test_limits_widen_as_the_square_root_of_fewer_sentences():
+    from audiofast.eval.gate import limit_scale
+
+    cfg = load_config()["asr"]
+    n = cfg["limits_for_sentences"]
+    assert limit_scale(cfg, n) == 1.0
+    assert limit_scale(cfg, n // 4) == pytest.approx((n / (n // 4)) ** 0.5)
+    assert limit_scale({}, 10) == 1.0  # limits without a stated size are used as they are
+
+
 def test_gate_rejects_a_3bit_decoder(config):
     from audiofast.eval.degrade import degraded_model
 

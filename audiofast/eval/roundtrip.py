@@ -204,12 +204,15 @@ class EvalAudio:
 
 def build_eval_audio(
     texts: list[str], voices: tuple[str, ...] = DEFAULT_VOICES, augmentation: str | None = None,
-    anchors: bool = True,
+    anchors: bool = True, seed: int = 0,
 ) -> list[EvalAudio]:
-    """Every text in every voice (augmented if asked), plus the real recordings."""
+    """Every text in every voice (augmented if asked), plus the real recordings. ``seed``
+    draws another realisation of the augmentation (another noise), for measuring how much
+    a verdict owes to one draw (evals/gate_floor.py)."""
     items = [
         EvalAudio("tts", voice, f"{i:03d}", text,
-                  augment.apply(load_audio(synthesize(text, voice)), augmentation, seed=i))
+                  augment.apply(load_audio(synthesize(text, voice)), augmentation,
+                                seed=i + 100_003 * seed))
         for voice in tqdm(voices, desc="tts", leave=False)
         for i, text in enumerate(texts)
     ]
@@ -300,10 +303,10 @@ def compare(candidate: list[Utterance], baseline: list[Utterance]) -> dict:
 def roundtrip(
     candidate: str, baseline: str | None = None, texts: list[str] | None = None,
     voices: tuple[str, ...] = DEFAULT_VOICES, augmentation: str | None = None,
-    anchors: bool = True, threads: int = 0,
+    anchors: bool = True, threads: int = 0, seed: int = 0,
 ) -> dict:
     """The full report: candidate figures, and if a baseline is given, its figures and deltas."""
-    items = build_eval_audio(texts or tts_texts(), voices, augmentation, anchors)
+    items = build_eval_audio(texts or tts_texts(), voices, augmentation, anchors, seed)
     cand = score(CachedASR(candidate, threads), items, "candidate")
     report = {"candidate": candidate, "voices": list(voices), "augmentation": augmentation,
               "candidate_summary": summarize(cand),

@@ -265,5 +265,9 @@ def label(config: dict) -> str:
 
 
 def quality_limit(settings: dict) -> float:
-    """The gate's limit on the quality objective (the plot's dashed line)."""
-    return float(gate_config(settings)["asr"]["max_tts_wer_delta"])
+    """The gate's limit on the quality objective (the plot's dashed line), as it applies to
+    the selection half (widened for its fewer sentences: gate.limit_scale)."""
+    from audiofast.eval.gate import limit_scale
+
+    config, selection, _ = gate_halves(settings)
+    return float(config["asr"]["max_tts_wer_delta"]) * limit_scale(config["asr"], len(selection))
