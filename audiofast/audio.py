@@ -77,11 +77,11 @@ def _read_direct(path: Path, sample_rate: int) -> np.ndarray | None:
     try:
         import soundfile
 
-        info = soundfile.info(str(path))
-        if (info.samplerate != sample_rate or info.channels != 1 or info.format not in
-                ("WAV", "FLAC") or info.subtype != "PCM_16"):
-            return None
-        return soundfile.read(str(path), dtype="float32", always_2d=False)[0]
+        with soundfile.SoundFile(str(path)) as f:
+            if (f.samplerate != sample_rate or f.channels != 1 or f.format not in
+                    ("WAV", "FLAC") or f.subtype != "PCM_16"):
+                return None
+            return f.read(dtype="float32")
     except Exception:  # not a file soundfile reads: ffmpeg decides, and reports failures
         return None
 

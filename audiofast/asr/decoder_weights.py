@@ -66,21 +66,20 @@ class DecoderWeights:
         return self.state[f"{name}.weight"], self.state[f"{name}.bias"]
 
 
-# The projections of one decoder layer, in the order the fused op reads them, and the
-# Hugging Face names each is stacked from (None: a layer norm).
-LAYER_PARTS: dict[str, tuple[str, ...] | None] = {
-    "self_ln": None, "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "self_out": ("self_attn.out_proj",), "cross_ln": None, "cross_q": ("encoder_attn.q_proj",),
-    "cross_out": ("encoder_attn.out_proj",), "ffn_ln": None, "fc1": ("fc1",), "fc2": ("fc2",),
-}
+# The parts of one decoder layer, in the order the fused op reads them: a layer norm (its
+# Hugging Face name) or a linear (the projections stacked into it).
 NORM_NAMES = {"self_ln": "self_attn_layer_norm", "cross_ln": "encoder_attn_layer_norm",
               "ffn_ln": "final_layer_norm"}
-CROSS_KV = ("encoder_attn.k_proj", "encoder_attn.v_proj")
+LINEAR_NAMES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "self_out": ("self_attn.out_proj",), "cross_q": ("encoder_attn.q_proj",),
+                "cross_out": ("encoder_attn.out_proj",), "fc1": ("fc1",), "fc2": ("fc2",),
+                "cross_kv": ("encoder_attn.k_proj", "encoder_attn.v_proj")}
+LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out", "ffn_ln",
+               "fc1", "fc2")  # cross_kv runs once per window, outside the fused op
 
 
 def layer_part(weights: DecoderWeights, i: int, part: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight, bias) of ``part`` of layer ``i`` (a norm's or a stacked linear's)."""
-    names = LAYER_PARTS.get(part, CROSS_KV if part == "cross_kv" else None)
     if part in NORM_NAMES:
         return weights.norm(f"layers.{i}.{NORM_NAMES[part]}")
-    return weights.stacked(*(f"layers.{i}.{n}" for n in names))
+    return weights.stacked(*(f"layers.{i}.{n}" for n in LINEAR_NAMES[part]))

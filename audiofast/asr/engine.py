@@ -118,11 +118,8 @@ class WhisperDecoderEngine(nn.Module):
         end = start + n
         if end > self.n_ctx:
             raise ValueError(f"sequence of {end} tokens exceeds the decoder context {self.n_ctx}")
-        tokens = self._to_model_ids(tokens)
-        if self.precision == "int8":
-            logits = self.backend(tokens, start, min(last, n), *self._cross)
-        else:
-            logits = self.backend(tokens, start, min(last, n), *self._cross, rowwise=rowwise)
+        logits = self.backend(self._to_model_ids(tokens), start, min(last, n), *self._cross,
+                              rowwise=rowwise)
         return self._to_full_logits(logits)
 
     @property

@@ -92,7 +92,10 @@ class FusedDecoder:
         return x.view(x.shape[0], self.n_heads, HEAD_DIM).transpose(0, 1)
 
     def __call__(self, tokens: torch.Tensor, start: int, last: int,
-                 cross_k: list[torch.Tensor], cross_v: list[torch.Tensor]) -> torch.Tensor:
+                 cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
+                 rowwise: bool = False) -> torch.Tensor:
+        """Logits of ``tokens`` at ``start``; every row is computed as if fed alone, so
+        ``rowwise`` (draft verification) needs nothing extra here."""
         return torch.ops.audiofast.decoder_forward(
             tokens, start, last, self.params, self.k_cache, self.v_cache, cross_k, cross_v,
             RESCORE_TOP)

@@ -303,10 +303,10 @@ def compare(candidate: list[Utterance], baseline: list[Utterance]) -> dict:
 def roundtrip(
     candidate: str, baseline: str | None = None, texts: list[str] | None = None,
     voices: tuple[str, ...] = DEFAULT_VOICES, augmentation: str | None = None,
-    anchors: bool = True, threads: int = 0, seed: int = 0,
+    anchors: bool = True, threads: int = 0,
 ) -> dict:
     """The full report: candidate figures, and if a baseline is given, its figures and deltas."""
-    items = build_eval_audio(texts or tts_texts(), voices, augmentation, anchors, seed)
+    items = build_eval_audio(texts or tts_texts(), voices, augmentation, anchors)
     cand = score(CachedASR(candidate, threads), items, "candidate")
     report = {"candidate": candidate, "voices": list(voices), "augmentation": augmentation,
               "candidate_summary": summarize(cand),
