@@ -93,20 +93,9 @@ def _window_pad(value: str) -> float | None:
     return seconds
 
 
-def _choose_engine(args: argparse.Namespace) -> str:
-    """The fast engine where it is the gated, faster configuration: greedy, sequential, int8
-    (or asked for by its own options), with its C++ kernels already built; else CTranslate2."""
-    from audiofast.asr import kernels
-
-    if args.drafter != "none" or args.precision != "int8":
-        return "fast"
-    plain = args.beam_size == 1 and not args.batch_size and args.compute_type == "int8"
-    return "fast" if plain and kernels.is_built() else "ct2"
-
-
 def _run_transcribe(args: argparse.Namespace) -> int:
-    from audiofast.asr.ct2_runtime import CT2Whisper
     from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.runtime import load_model
     from audiofast.audio import AudioError
 
     tuning = {}
@@ -119,26 +108,19 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     if args.engine == "fast" and args.batch_size:
         raise SystemExit("audiofast: error: --batch-size needs --engine ct2 "
                          "(the fast engine decodes one sequence at a time)")
-    engine = _choose_engine(args) if args.engine == "auto" else args.engine
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
     options = DecodingOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
         window_pad=args.window_pad, batch_size=args.batch_size, chunk_length=args.chunk_length,
     )
-    if engine == "fast":
-        from audiofast.asr.fast_runtime import FastWhisper
+    model = load_model(args.model, args.engine, threads=args.threads,
+                       compute_type=args.compute_type, precision=args.precision,
+                       encoder=args.encoder, drafter=args.drafter, draft_model=args.draft_model)
+    if hasattr(model, "make_drafter") and (tuning.get("draft_len") or tuning.get("ngram_order")):
+        from audiofast.sweep.asr_runtime import tune_drafter
 
-        model = FastWhisper(args.model, threads=args.threads, precision=args.precision,
-                            drafter=args.drafter, draft_model=args.draft_model,
-                            encoder=args.encoder)
-        if tuning.get("draft_len") or tuning.get("ngram_order"):
-            from audiofast.sweep.asr_runtime import tune_drafter
-
-            tune_drafter(model, tuning.get("draft_len"), tuning.get("ngram_order"))
-    else:
-        model = CT2Whisper(args.model, threads=args.threads, compute_type=args.compute_type,
-                           encoder=args.encoder)
+        tune_drafter(model, tuning.get("draft_len"), tuning.get("ngram_order"))
     failures = 0
     for path in args.files:
         try:

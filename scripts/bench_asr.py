@@ -19,9 +19,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.fast_runtime import FastWhisper
 from audiofast.asr.options import DecodingOptions
+from audiofast.asr.runtime import load_model
 from audiofast.eval.datasets import EvalClip, real_speech_clips
 from audiofast.eval.roundtrip import ENCODERS, parse_asr_spec
 from audiofast.eval.wer import wer
@@ -45,12 +44,12 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         pads = [float(p[3:]) for p in parts if p.startswith("pad")]
         window_pad = pads[0] if pads else window_pad
         encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
-        runtime = FastWhisper(str(diet_model) if "diet" in parts else model, threads=threads,
-                              precision=precision, drafter=drafter, draft_model=draft_model,
-                              encoder=encoder)
+        runtime = load_model(str(diet_model) if "diet" in parts else model, "fast",
+                             threads=threads, precision=precision, drafter=drafter,
+                             draft_model=draft_model, encoder=encoder)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
-        runtime = CT2Whisper(model, threads=threads, encoder=spec.encoder)
+        runtime = load_model(model, "ct2", threads=threads, encoder=spec.encoder)
     options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
     if ct2:
         options = replace(options, **spec.options)

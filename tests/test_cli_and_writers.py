@@ -116,21 +116,34 @@ def test_cli_samples_and_models():
     assert "whisper-base (default)" in run.stdout and "whisper-tiny.en" in run.stdout
 
 
-def test_cli_engine_auto_picks_the_fused_decoder_where_it_may():
-    """--engine auto (the default): the owned fused int8 decoder for greedy, sequential int8
-    decoding where the kernels are built; CTranslate2 for beams, batched chunks or another
-    compute type; the fast engine's own options select it."""
+def test_load_model_auto_picks_the_fused_decoder_where_it_may(clips):
+    """``audiofast.load_model(engine="auto")`` (the CLI's default): the owned fused int8
+    decoder for greedy, sequential decoding where the kernels are built, CTranslate2's decoder
+    over the same loaded model for beams and batched chunks; another compute type means
+    CTranslate2 alone, and the owned decoder's own options select it."""
+    import audiofast
     from audiofast.asr import kernels
-    from audiofast.cli import build_parser
-    from audiofast.cli_transcribe import _choose_engine
+    from audiofast.asr.ct2_runtime import CT2Whisper
+    from audiofast.asr.fast_runtime import FastWhisper
+    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.runtime import AutoWhisper
 
-    parse = build_parser().parse_args
-    plain = "fast" if kernels.is_built() else "ct2"
-    assert _choose_engine(parse(["transcribe", "a.wav"])) == plain
-    for extra in (["--beam-size", "5"], ["--batch-size", "4"], ["--compute-type", "float32"]):
-        assert _choose_engine(parse(["transcribe", "a.wav", *extra])) == "ct2", extra
-    assert _choose_engine(parse(["transcribe", "a.wav", "--drafter", "ngram"])) == "fast"
-    assert _choose_engine(parse(["transcribe", "a.wav", "--precision", "fp32"])) == "fast"
+    auto = audiofast.load_model("whisper-tiny.en", threads=1)
+    assert isinstance(auto, AutoWhisper)
+    greedy = auto.runtime_for(DecodingOptions())
+    assert isinstance(greedy, FastWhisper if kernels.is_built() else CT2Whisper)
+    if kernels.is_built():
+        assert greedy.ct2 is auto.ct2  # one CTranslate2 model encodes for both
+    for options in (DecodingOptions(beam_size=5), DecodingOptions(batch_size=4)):
+        assert auto.runtime_for(options) is auto.ct2
+    beckett = clips["beckett"].audio
+    assert "Fail better" in auto.transcribe(beckett, DecodingOptions(beam_size=2)).text
+    assert "Fail better" in auto.transcribe(beckett).text
+    assert isinstance(audiofast.load_model("whisper-tiny.en", compute_type="float32"),
+                      CT2Whisper)
+    assert isinstance(audiofast.load_model("whisper-tiny.en", precision="fp32"), FastWhisper)
+    with pytest.raises(ValueError, match="engine must be one of auto, fast, ct2"):
+        audiofast.load_model("whisper-tiny.en", engine="tpu")
 
 
 def test_cli_internal_errors_exit_1_with_their_message(monkeypatch, capsys):

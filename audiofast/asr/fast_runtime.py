@@ -30,10 +30,11 @@ class FastWhisper:
 
     def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
                  drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None,
-                 encoder: str = "ct2"):
+                 encoder: str = "ct2", ct2: CT2Whisper | None = None):
         """``precision``: int8 decodes on the fused C++ decoder (its packed weights cached on
-        disk, packed_cache.py), fp32 on the eager reference decoder."""
-        self.ct2 = CT2Whisper(model, threads=threads, encoder=encoder)
+        disk, packed_cache.py), fp32 on the eager reference decoder. ``ct2``: an already
+        loaded CTranslate2 model to encode with (``model`` and ``encoder`` are then its)."""
+        self.ct2 = ct2 or CT2Whisper(model, threads=threads, encoder=encoder)
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = self.ct2.tokenizer

@@ -122,22 +122,20 @@ class CachedASR:
     unchanged baseline costs nothing on the next gate call of a sweep."""
 
     def __init__(self, spec: str, threads: int = 0):
-        from audiofast.asr.ct2_runtime import CT2Whisper
+        from audiofast.asr.runtime import load_model
 
         parsed = parse_asr_spec(spec)
         engine, compute_type = parsed.engine, parsed.compute_type
         self.spec = spec
         self.options = replace(JUDGE_OPTIONS, **parsed.options)
         if engine == "fast":
-            from audiofast.asr.fast_runtime import FastWhisper
-
-            self.asr = FastWhisper(parsed.model, threads=threads, precision=compute_type,
-                                   encoder=parsed.encoder)
+            self.asr = load_model(parsed.model, "fast", threads=threads, precision=compute_type,
+                                  encoder=parsed.encoder)
             resolved = self.asr.ct2.resolved
             compute_type = self.asr.engine.numerics
         else:
-            self.asr = CT2Whisper(parsed.model, threads=threads, compute_type=compute_type,
-                                  encoder=parsed.encoder)
+            self.asr = load_model(parsed.model, "ct2", threads=threads,
+                                  compute_type=compute_type, encoder=parsed.encoder)
             resolved = self.asr.resolved
         weights = resolved.ct2_dir / "model.bin"
         stat = weights.stat()

@@ -170,12 +170,16 @@ def default_config(settings: dict) -> dict:
     """What ``audiofast transcribe --model MODEL`` runs with no other option."""
     import argparse
 
-    from audiofast.cli_transcribe import _choose_engine, add_transcribe
+    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.runtime import auto_engine
+    from audiofast.cli_transcribe import add_transcribe
 
     parser = argparse.ArgumentParser()
     add_transcribe(parser.add_subparsers())
     args = parser.parse_args(["transcribe", "-"])
-    engine = _choose_engine(args) if args.engine == "auto" else args.engine
+    engine = args.engine if args.engine != "auto" else auto_engine(
+        DecodingOptions(beam_size=args.beam_size, batch_size=args.batch_size),
+        args.compute_type, args.precision, args.drafter)
     return dataclasses.asdict(ASRConfig(
         settings["model"], engine, args.window_pad, args.precision, args.compute_type,
         args.drafter, None, None, None, args.encoder, args.beam_size, args.threads))

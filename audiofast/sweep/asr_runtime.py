@@ -28,17 +28,16 @@ def set_threads(c: ASRConfig) -> None:
 
 def build_runtime(c: ASRConfig):
     """The model as ``audiofast transcribe`` builds it for these options."""
+    from audiofast.asr.runtime import load_model
+
     set_threads(c)
     if c.engine == "fast":
-        from audiofast.asr.fast_runtime import FastWhisper
-
-        runtime = FastWhisper(c.model, threads=c.threads, precision=c.precision,
-                              drafter=c.drafter, draft_model=c.draft_model, encoder=c.encoder)
+        runtime = load_model(c.model, "fast", threads=c.threads, precision=c.precision,
+                             drafter=c.drafter, draft_model=c.draft_model, encoder=c.encoder)
         tune_drafter(runtime, c.draft_len, c.ngram_order)
         return runtime
-    from audiofast.asr.ct2_runtime import CT2Whisper
-
-    return CT2Whisper(c.model, threads=c.threads, compute_type=c.compute_type, encoder=c.encoder)
+    return load_model(c.model, "ct2", threads=c.threads, compute_type=c.compute_type,
+                      encoder=c.encoder)
 
 
 def tune_drafter(runtime, draft_len: int | None = None, ngram_order: int | None = None) -> None:

@@ -1,0 +1,86 @@
+"""One entry point: ``load_model(spec, engine="auto")`` returns something with ``transcribe()``.
+
+A runtime is an encoder (CTranslate2 | OpenVINO) and a decoder (the fused C++ int8 decoder |
+CTranslate2's | the fp32 reference). ``engine`` picks the decoder:
+
+- ``"auto"`` (default): per call, the fused decoder for greedy sequential decoding where its
+  kernels are built (the gated, faster configuration), CTranslate2's for beams and batched
+  chunks, and CTranslate2's everywhere the kernels cannot run. One CTranslate2 model serves
+  both (encoder and fallback decoder); the fused decoder is built on first use.
+- ``"fast"``: the owned decoder always (drafters, ``precision="fp32"``), greedy only.
+- ``"ct2"``: CTranslate2 alone (any ``compute_type``).
+
+The CLI, the judge and the benchmarks load models through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.types import Transcription
+from audiofast.audio import AudioSource
+
+Engine = Literal["auto", "fast", "ct2"]
+ENGINES = ("auto", "fast", "ct2")
+
+
+def auto_engine(options: DecodingOptions, compute_type: str = "int8", precision: str = "int8",
+                drafter: str = "none") -> str:
+    """The decoder ``"auto"`` runs these options on: "fast" (the owned decoder) or "ct2".
+    The owned decoder's own options ask for it; otherwise it is used for greedy, sequential
+    int8 decoding where its kernels are built (not built here: that takes a minute)."""
+    from audiofast.asr import kernels
+
+    if drafter != "none" or precision != "int8":
+        return "fast"
+    greedy = options.beam_size == 1 and not options.batch_size
+    return "fast" if greedy and compute_type == "int8" and kernels.is_built() else "ct2"
+
+
+class AutoWhisper:
+    """CTranslate2 plus, where it may decode, the fused int8 decoder over the same model."""
+
+    def __init__(self, ct2: CT2Whisper, threads: int = 0, seed: int = 0):
+        self.ct2 = ct2
+        self.threads = threads
+        self.seed = seed
+        self._fast = None
+
+    def runtime_for(self, options: DecodingOptions):
+        """The runtime that decodes ``options`` (:func:`auto_engine`)."""
+        if auto_engine(options) == "ct2":
+            return self.ct2
+        if self._fast is None:
+            from audiofast.asr.fast_runtime import FastWhisper
+
+            self._fast = FastWhisper(threads=self.threads, seed=self.seed, ct2=self.ct2)
+        return self._fast
+
+    def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
+                   progress: bool | None = None) -> Transcription:
+        return self.runtime_for(options).transcribe(audio, options, progress)
+
+
+def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,
+               compute_type: str = "int8", precision: str = "int8", encoder: str = "ct2",
+               drafter: str = "none", draft_model: str | Path | None = None, seed: int = 0):
+    """A Whisper model ready to ``transcribe()`` (``model``: a packaged name, a CTranslate2
+    folder or a hub id; None: the packaged default). ``compute_type`` is CTranslate2's;
+    ``precision`` (int8 | fp32), ``drafter`` and ``draft_model`` are the owned decoder's, and
+    asking for them selects it under ``"auto"``."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    owned = drafter != "none" or precision != "int8"
+    if engine == "ct2" or (engine == "auto" and compute_type != "int8" and not owned):
+        return CT2Whisper(model, threads=threads, compute_type=compute_type, seed=seed,
+                          encoder=encoder)
+    if engine == "fast" or owned:
+        from audiofast.asr.fast_runtime import FastWhisper
+
+        return FastWhisper(model, threads=threads, precision=precision, drafter=drafter,
+                           seed=seed, draft_model=draft_model, encoder=encoder)
+    return AutoWhisper(CT2Whisper(model, threads=threads, seed=seed, encoder=encoder),
+                       threads=threads, seed=seed)
