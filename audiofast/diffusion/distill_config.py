@@ -176,10 +176,12 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
 
 
 def load_stage_config(stage: str, path: str | Path | None = None) -> StageConfig:
-    """The stage's config from ``path``, else ``configs/distill/<stage>.yaml`` shipped with
-    the package's checkout, else the built-in defaults."""
+    """The stage's config from ``path``, else the shipped ``configs/distill/<stage>.yaml``,
+    else the built-in defaults."""
     if path is None:
-        default = Path(__file__).resolve().parents[2] / "configs" / "distill" / f"{stage}.yaml"
+        from audiofast.resources import data_file
+
+        default = data_file(f"configs/distill/{stage}.yaml")
         if not default.is_file():
             return StageConfig.from_dict({"stage": stage})
         path = default

@@ -22,9 +22,12 @@ class EvalClip:
 
 
 def evals_dir() -> Path:
-    """The repository's ``evals/`` folder (override with ``$AUDIOFAST_EVALS``)."""
+    """The shipped ``evals/`` data (sentences, references; resources.py), or
+    ``$AUDIOFAST_EVALS``."""
+    from audiofast.resources import data_file
+
     override = os.environ.get("AUDIOFAST_EVALS")
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "evals"
+    path = Path(override) if override else data_file("evals")
     if not path.is_dir():
         raise FileNotFoundError(f"no evals/ folder at {path}; set AUDIOFAST_EVALS")
     return path

@@ -18,8 +18,9 @@ import yaml
 from audiofast.eval import fad as fad_mod
 from audiofast.eval.datasets import tts_texts
 from audiofast.eval.roundtrip import roundtrip
+from audiofast.resources import data_file, data_root
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gates.yaml"
+DEFAULT_CONFIG = data_file("configs/gates.yaml")
 
 
 @dataclass
@@ -60,7 +61,7 @@ def gate_texts(config: dict) -> list[str]:
     """The sentences of the ASR gate's round trip (``asr.texts`` of the config)."""
     texts_path = config["asr"].get("texts")
     if texts_path and not Path(texts_path).is_absolute():
-        texts_path = DEFAULT_CONFIG.parents[1] / texts_path
+        texts_path = data_root() / texts_path
     return tts_texts(texts_path)
 
 

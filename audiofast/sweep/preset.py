@@ -14,11 +14,11 @@ import yaml
 
 from audiofast.sweep.params import SweepConfigError
 
-REPO_PRESETS = Path(__file__).resolve().parents[2] / "configs" / "presets"
-
 
 def presets_dir() -> Path:
-    return Path(os.environ.get("AUDIOFAST_PRESETS") or REPO_PRESETS)
+    from audiofast.resources import writable_presets_dir
+
+    return writable_presets_dir()
 
 
 # preset key -> transcribe's argparse dest (None: applied after the model is built)

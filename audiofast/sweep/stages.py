@@ -138,6 +138,7 @@ def _gate_files(inputs: dict) -> list[str]:
     import yaml
 
     from audiofast.eval.gate import DEFAULT_CONFIG
+    from audiofast.resources import data_root
     from audiofast.sweep.config import deep_merge, read_yaml
 
     try:
@@ -146,7 +147,7 @@ def _gate_files(inputs: dict) -> list[str]:
         texts = Path(yaml.safe_load(gate.read_text())["asr"]["texts"])
     except (OSError, KeyError, TypeError, ValueError, SweepConfigError):
         return []
-    return [str(gate), str(texts if texts.is_absolute() else DEFAULT_CONFIG.parents[1] / texts)]
+    return [str(gate), str(texts if texts.is_absolute() else data_root() / texts)]
 
 
 @kind("sweep", SWEEP_CODE, required=("config",),
