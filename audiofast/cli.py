@@ -338,9 +338,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def show_library_logs() -> None:
+    """The library reports through ``logging`` (it never prints); a command shows its
+    messages, INFO and up, on stderr."""
+    import logging
+
+    logger = logging.getLogger("audiofast")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def entry() -> None:
     """The ``audiofast`` console command: a command's one-line ``SystemExit`` message is a user
     error too, so it exits 2 like the others."""
+    show_library_logs()
     try:
         code = main()
     except SystemExit as exc:

@@ -12,8 +12,8 @@ the cache, with a dynamic batch and frame count so short padded windows run at t
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
-import sys
 import warnings
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from audiofast.models.packaged import cache_dir
+
+log = logging.getLogger(__name__)
 
 IR_NAME = "encoder.xml"
 
@@ -51,8 +53,7 @@ def export_encoder(ct2_dir: Path, out_dir: Path) -> Path:
 
     from audiofast.models.ct2_to_hf import whisper_from_ct2
 
-    print(f"audiofast: exporting {ct2_dir.name}'s encoder to OpenVINO (once, ~20 s)",
-          file=sys.stderr)
+    log.info("audiofast: exporting %s's encoder to OpenVINO (once, ~20 s)", ct2_dir.name)
     hf_model, _ = whisper_from_ct2(ct2_dir)
     module = _EncoderForExport(hf_model.model.encoder).eval()
     n_mels = hf_model.config.num_mel_bins

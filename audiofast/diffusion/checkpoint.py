@@ -8,6 +8,7 @@ but never silent: every skipped or missing tensor is in the returned report.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from audiofast.diffusion.conditioners import TextConditioner, build_conditioners
 from audiofast.diffusion.config import ConfigError, SA3Config
 from audiofast.diffusion.dit import DiT
 from audiofast.diffusion.spectral import SpectrogramConfig, SpectrogramPretransform
+
+log = logging.getLogger(__name__)
 
 CONFIG_NAME, WEIGHTS_NAME = "model_config.json", "model.safetensors"
 
@@ -194,7 +197,7 @@ def load_checkpoint(
     report = load_weights(model, directory / WEIGHTS_NAME)
     model.load_report = report
     if verbose and not report.ok:
-        print(f"SA3 checkpoint {directory}: {report}")
+        log.warning("SA3 checkpoint %s: %s", directory, report)
     return model.eval().requires_grad_(False)
 
 

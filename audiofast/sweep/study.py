@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from pathlib import Path
 from audiofast.sweep.config import SweepConfig
 from audiofast.sweep.params import SweepConfigError
 from audiofast.sweep.storage import open_storage, redact
+
+log = logging.getLogger(__name__)
 
 OBJECTIVES = ("seconds", "quality_loss")
 MAX_FAILURES_IN_A_ROW = 3
@@ -178,7 +181,7 @@ def _loop(cfg: SweepConfig, study, objective, target: int, bar, show: bool) -> i
         if show:
             bar.write(_line(cfg, trial))
         else:
-            print(_line(cfg, trial), flush=True)
+            log.info(_line(cfg, trial))
         failures = failures + 1 if trial.state.name == "FAIL" else 0
         if failures >= MAX_FAILURES_IN_A_ROW:
             raise SweepError(f"{failures} trials in a row failed; last: "
@@ -250,10 +253,10 @@ def run_workers(cfg: SweepConfig, url: str, target: int, workers: int,
     spec.write_text(json.dumps({"path": str(cfg.path), "overrides": overrides or {}}))
     procs = []
     for i in range(workers):
-        log = open(cfg.run_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (closed below)
+        sink = open(cfg.run_dir / f"worker-{i}.log", "ab")  # noqa: SIM115 (closed below)
         cmd = [sys.executable, "-m", "audiofast.sweep.worker", str(spec), "--storage", url,
                "--study", cfg.study, "--trials", str(target), "--index", str(i)]
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT), sink))
     bar = tqdm(total=target, desc=f"trials ({workers} workers)", unit="trial")
     study = load_study(cfg, url)
     try:
@@ -272,12 +275,12 @@ def run_workers(cfg: SweepConfig, url: str, target: int, workers: int,
     finally:
         bar.n = min(counts(study)["COMPLETE"], target)
         bar.close()
-        for _, log in procs:
-            log.close()
+        for _, sink in procs:
+            sink.close()
     for i, (p, _) in enumerate(procs):
         if p.returncode:
-            print(f"audiofast: sweep worker {i} (pid {p.pid}) exited with {p.returncode}; "
-                  f"log: {cfg.run_dir / f'worker-{i}.log'}", file=sys.stderr)
+            log.warning("audiofast: sweep worker %d (pid %d) exited with %d; log: %s", i, p.pid,
+                        p.returncode, cfg.run_dir / f"worker-{i}.log")
     done = counts(study)["COMPLETE"]
     if done < target:
         raise SweepError(f"the workers stopped at {done}/{target} complete trials "
