@@ -52,7 +52,7 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
 def _run_distill(args: argparse.Namespace) -> int:
     if args.stage in ("cfg", "steps", "qad"):
         return _run_distill_sa3(args)
-    from audiofast.asr.distill import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
+    from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
 
     steps = {} if args.steps is None else {"steps": args.steps}
     workdir = args.workdir or Path("runs/distill")

@@ -20,17 +20,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from audiofast.asr.distill import (
+from audiofast.asr.fast_runtime import FastWhisper
+from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from audiofast.asr.options import DecodingOptions
+from audiofast.audio import load_audio
+from audiofast.distill.asr import (
     VocabDietRecipe,
     distill_vocab,
     group_sentences,
     speak,
     split_corpus,
 )
-from audiofast.asr.fast_runtime import FastWhisper
-from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from audiofast.asr.options import DecodingOptions
-from audiofast.audio import load_audio
 from audiofast.eval.datasets import domain_corpus, real_speech_clips
 from audiofast.eval.wer import wer
 

@@ -15,8 +15,8 @@ from audiofast.asr.vocab_diet import (
     slice_vocab,
     whisper_always_kept,
 )
+from audiofast.asr.vocab_diet_export import export_diet_whisper
 from audiofast.models.ct2_to_hf import whisper_from_ct2
-from audiofast.models.diet_export import export_diet_whisper
 
 
 def _diet_for(runtime: CT2Whisper, texts: list[str], keep: int,

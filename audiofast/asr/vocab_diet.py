@@ -11,7 +11,7 @@ A 51,865-token head is ~1.3 ms of every Whisper-base decoding step in int8 (Qwen
 Slicing keeps the kept rows exactly, so before any training the diet model's logits are the
 full model's logits at the kept ids. What it cannot do yet is spell words whose token was
 dropped; recovery (``audiofast distill --stage vocab``) teaches that by distillation from the
-full model on audio (:mod:`audiofast.asr.distill`). Works on any Hugging Face model with
+full model on audio (:mod:`audiofast.distill.asr`). Works on any Hugging Face model with
 input/output embeddings: Whisper and Qwen3-ASR share this code.
 """
 

@@ -79,7 +79,7 @@ def _opt(inputs: dict, key: str, default: Any = None) -> Any:
 
 # -- ASR lane -----------------------------------------------------------------------------------
 
-ASR_CODE = ("asr", "models", "training.py", "eval/datasets.py", "eval/tts.py")
+ASR_CODE = ("asr", "distill", "models", "training.py", "eval/datasets.py", "eval/tts.py")
 SWEEP_CODE = ("sweep", "asr", "eval", "models", "cli_transcribe.py")
 
 
@@ -94,7 +94,7 @@ def resolve_model(inputs: dict, ctx: Context) -> dict:
 @kind("distill_vocab", ASR_CODE, required=("model", "keep"),
       optional=("steps", "sentences", "threads"))
 def distill_vocab(inputs: dict, ctx: Context) -> dict:
-    from audiofast.asr.distill import VocabDietRecipe, distill_vocab
+    from audiofast.distill.asr import VocabDietRecipe, distill_vocab
 
     extra = {} if inputs.get("steps") is None else {"steps": int(inputs["steps"])}
     recipe = VocabDietRecipe(keep=int(inputs["keep"]),
@@ -107,7 +107,7 @@ def distill_vocab(inputs: dict, ctx: Context) -> dict:
 @kind("distill_drafter", ASR_CODE, required=("model",),
       optional=("keep", "steps", "sentences", "threads"))
 def distill_drafter(inputs: dict, ctx: Context) -> dict:
-    from audiofast.asr.distill import DrafterRecipe, distill_drafter
+    from audiofast.distill.asr import DrafterRecipe, distill_drafter
 
     extra = {} if inputs.get("steps") is None else {"steps": int(inputs["steps"])}
     recipe = DrafterRecipe(train_sentences=int(_opt(inputs, "sentences", 400)),

@@ -36,11 +36,11 @@ from audiofast.asr.vocab_diet import (
     slice_vocab,
     whisper_always_kept,
 )
+from audiofast.asr.vocab_diet_export import export_diet_whisper
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.datasets import domain_corpus
 from audiofast.eval.tts import synthesize
 from audiofast.models.ct2_to_hf import whisper_from_ct2
-from audiofast.models.diet_export import export_diet_whisper
 from audiofast.training import TrainOptions, save_atomic, train
 
 VOICES = ("flite:slt", "flite:kal", "flite:awb", "flite:rms")
