@@ -302,12 +302,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from audiofast.diffusion.checkpoint import CheckpointError
     from audiofast.diffusion.config_schema import ConfigError
     from audiofast.diffusion.distill_config import StageConfigError
+    from audiofast.eval.gate import GateConfigError
     from audiofast.models import ModelNotFoundError
     from audiofast.models.packaged import ModelIntegrityError, PackageMissingError
 
     return (ModelNotFoundError, PackageMissingError, ModelIntegrityError, FileNotFoundError,
             AudioError,
-            CheckpointError, ConfigError, StageConfigError)
+            CheckpointError, ConfigError, StageConfigError, GateConfigError)
 
 
 def _first_line(err: BaseException) -> str:

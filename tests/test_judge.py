@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 from audiofast.audio import load_audio
 from audiofast.eval import augment
@@ -253,3 +254,21 @@ def test_gate_cli_exit_code_and_reports(tmp_path):
     report = json.loads((tmp_path / "report" / "gate.json").read_text())
     assert report["passed"] is False
     assert (tmp_path / "report" / "gate.md").read_text().startswith("# Gate (asr): FAIL")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"asr": {"max_tts_wer_delta_": 0.01}}, "asr.max_tts_wer_delta_: unknown key"),
+    ({"asr": {"max_tts_ci_high": "2 points"}},
+     "asr.max_tts_ci_high='2 points': expected int or float"),
+    ({"video": {}}, "video: unknown section"),
+])
+def test_gate_config_rejects_unknown_keys_and_types(tmp_path, change, message):
+    from audiofast.eval.gate import GateConfigError
+
+    config = load_config()
+    for lane, values in change.items():
+        config.setdefault(lane, {}).update(values)
+    path = tmp_path / "gates.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(GateConfigError, match=message.replace("(", r"\(")):
+        load_config(path)

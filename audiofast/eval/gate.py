@@ -53,8 +53,38 @@ class Verdict:
         (out_dir / "gate.md").write_text(self.markdown())
 
 
+class GateConfigError(ValueError):
+    """A gate config with an unknown key or a wrong type; one line naming it."""
+
+
+# The keys a gate config may hold, with their types (a typo must not silently fall back).
+GATE_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
+    "asr": {"texts": (str,), "voices": (list,), "augmentation": (str, type(None)),
+            "max_tts_wer_delta": (int, float), "max_tts_ci_high": (int, float),
+            "max_real_wer_delta": (int, float), "fail_on_anchor_conflict": (bool,),
+            "limits_for_sentences": (int,)},
+    "audio": {"embedder": (str,), "max_fad_ratio": (int, float)},
+}
+
+
 def load_config(path: Path | None = None) -> dict:
-    return yaml.safe_load((path or DEFAULT_CONFIG).read_text())
+    """The gate thresholds (``configs/gates.yaml`` by default), checked against GATE_KEYS."""
+    path = path or DEFAULT_CONFIG
+    config = yaml.safe_load(Path(path).read_text())
+    if not isinstance(config, dict):
+        raise GateConfigError(f"{path}: want a mapping with asr: and audio: sections")
+    for lane, section in config.items():
+        if lane not in GATE_KEYS or not isinstance(section, dict):
+            raise GateConfigError(f"{path}: {lane}: unknown section (known: asr, audio)")
+        for key, value in section.items():
+            types = GATE_KEYS[lane].get(key)
+            if types is None:
+                raise GateConfigError(f"{path}: {lane}.{key}: unknown key "
+                                      f"(known: {', '.join(GATE_KEYS[lane])})")
+            if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+                raise GateConfigError(f"{path}: {lane}.{key}={value!r}: expected "
+                                      f"{' or '.join(t.__name__ for t in types)}")
+    return config
 
 
 def gate_texts(config: dict) -> list[str]:
