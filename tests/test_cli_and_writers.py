@@ -155,7 +155,7 @@ def test_cli_internal_errors_exit_1_with_their_message(monkeypatch, capsys):
     def boom(args):
         raise ZeroDivisionError("a bug in a command")
 
-    monkeypatch.setattr(cli, "_run_samples", boom)
+    monkeypatch.setattr(cli.models, "_run_samples", boom)
     monkeypatch.delenv("AUDIOFAST_DEBUG", raising=False)
     assert cli.main(["samples"]) == 1
     assert capsys.readouterr().err.strip() == (
@@ -170,7 +170,7 @@ def test_cli_internal_errors_exit_1_with_their_message(monkeypatch, capsys):
     def missing(args):
         raise ModelNotFoundError("unknown model 'x'\nsecond line")
 
-    monkeypatch.setattr(cli, "_run_samples", missing)
+    monkeypatch.setattr(cli.models, "_run_samples", missing)
     monkeypatch.delenv("AUDIOFAST_DEBUG")
     assert cli.main(["samples"]) == 2
     assert capsys.readouterr().err == "audiofast: error: unknown model 'x'\n"

@@ -172,7 +172,7 @@ def default_config(settings: dict) -> dict:
 
     from audiofast.asr.options import DecodingOptions
     from audiofast.asr.runtime import auto_engine
-    from audiofast.cli_transcribe import add_transcribe
+    from audiofast.cli.transcribe import add_transcribe
 
     parser = argparse.ArgumentParser()
     add_transcribe(parser.add_subparsers())

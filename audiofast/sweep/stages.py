@@ -80,7 +80,7 @@ def _opt(inputs: dict, key: str, default: Any = None) -> Any:
 # -- ASR lane -----------------------------------------------------------------------------------
 
 ASR_CODE = ("asr", "distill", "models", "training.py", "eval/datasets.py", "eval/tts.py")
-SWEEP_CODE = ("sweep", "asr", "eval", "models", "cli_transcribe.py")
+SWEEP_CODE = ("sweep", "asr", "eval", "models", "cli/transcribe.py")
 
 
 @kind("resolve_model", ("models",), required=("model",))

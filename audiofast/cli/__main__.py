@@ -1,0 +1,5 @@
+"""``python -m audiofast.cli``."""
+
+from audiofast.cli import entry
+
+entry()

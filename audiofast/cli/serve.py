@@ -1,0 +1,87 @@
+"""``audiofast serve`` and ``audiofast stream``: live transcription."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="live transcription server (WebSocket + web page)")
+    p.add_argument("--model", default=None, help="as for transcribe (default: whisper-base)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: --token)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--max-sessions", type=int, default=8)
+    p.add_argument("--token", default=None, help="bearer token clients must present (shows "
+                   "in ps: prefer --token-file or $AUDIOFAST_TOKEN)")
+    p.add_argument("--token-file", default=None, help="read the bearer token from this file")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (https://app.example) whose pages may connect, besides "
+                        "this server's own page; repeat for more, '*' for any")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("--min-chunk", type=float, default=0.5,
+                   help="seconds of new audio before a session is re-decoded")
+    p.add_argument("--pad", type=float, default=10.0,
+                   help="seconds of silence appended when encoding a buffer (30: full window)")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from audiofast.asr.ct2_runtime import CT2Whisper
+    from audiofast.stream.access import resolve_token
+    from audiofast.stream.server import ServerOptions, TranscriptionServer, check_bind
+    from audiofast.stream.session import StreamOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        token = resolve_token(args.token, args.token_file)
+        check_bind(args.host, token)
+    except ValueError as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    options = ServerOptions(args.host, args.port, args.max_sessions, token,
+                            stream=StreamOptions(min_chunk_s=args.min_chunk),
+                            allow_origins=tuple(args.allow_origin))
+    server = TranscriptionServer(CT2Whisper(args.model, threads=args.threads), options, args.pad)
+    print(f"audiofast: serving {server.runtime.resolved.spec} on http://{args.host}:{args.port}/"
+          f" (WebSocket: ws://{args.host}:{args.port}/asr)", file=sys.stderr, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(server.serve_forever())
+    return 0
+
+
+def add_stream(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stream", help="stream a file to a server in real time")
+    p.add_argument("file", type=Path)
+    p.add_argument("--url", default="ws://127.0.0.1:8765/asr")
+    p.add_argument("--speed", type=float, default=1.0, help="x real time (0: as fast as possible)")
+    p.add_argument("--token", default=None)
+    p.add_argument("--language", default="en")
+    p.set_defaults(run=_run_stream)
+
+
+def _run_stream(args: argparse.Namespace) -> int:
+    from audiofast.audio import AudioError
+    from audiofast.stream.client import stream_file
+
+    def show(event: dict) -> None:
+        if event["type"] == "partial":
+            sys.stderr.write(f"\r\033[K{event['text']}")
+        elif event["type"] == "final":
+            sys.stderr.write("\r\033[K")
+            print(f"[{event['start']:7.2f} -> {event['end']:7.2f}] {event['text']}", flush=True)
+        elif event["type"] == "error":
+            sys.stderr.write(f"\r\033[Kserver error {event['code']}: {event['message']}\n")
+
+    try:
+        result = stream_file(args.file, args.url, args.speed, token=args.token,
+                             language=args.language, on_event=show)
+    except AudioError as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    except OSError as e:
+        raise SystemExit(f"audiofast: error: cannot reach {args.url}: {e}") from None
+    return 0 if result.closed and not result.errors else 1
