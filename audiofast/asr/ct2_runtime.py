@@ -13,6 +13,7 @@ from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Transcription
+from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
 from audiofast.asr.vocab_diet import VOCAB_MAP_FILE, DietVocab
 from audiofast.audio import AudioSource, load_audio
 from audiofast.models import resolve_model
@@ -138,7 +139,13 @@ class CT2Whisper:
         audio: AudioSource,
         options: DecodingOptions = DecodingOptions(),
         progress: bool | None = None,
+        vad_filter: bool | VadFilterOptions = False,
     ) -> Transcription:
+        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py)."""
+        audio = load_audio(audio)
+        if vad_filter:
+            return transcribe_speech(lambda speech: self.transcribe(speech, options, progress),
+                                     audio, vad_options(vad_filter))
         if options.batch_size:
-            return transcribe_batched(self, load_audio(audio), options, progress)
-        return transcribe_audio(self, load_audio(audio), options, progress)
+            return transcribe_batched(self, audio, options, progress)
+        return transcribe_audio(self, audio, options, progress)

@@ -22,6 +22,7 @@ from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
 from audiofast.asr.types import Transcription
+from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
 from audiofast.audio import AudioSource, load_audio
 
 
@@ -138,7 +139,12 @@ class FastWhisper:
         return WindowResult(out.tokens, out.sum_logprob / (len(out.tokens) + 1), out.no_speech_prob)
 
     def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
-                   progress: bool | None = None) -> Transcription:
+                   progress: bool | None = None,
+                   vad_filter: bool | VadFilterOptions = False) -> Transcription:
+        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py)."""
+        if vad_filter:
+            return transcribe_speech(lambda speech: self.transcribe(speech, options, progress),
+                                     load_audio(audio), vad_options(vad_filter))
         if options.batch_size:
             raise ValueError("the fast engine decodes one sequence at a time: use batch size 0 "
                              "(--batch-size 0), or --engine ct2 for batched chunks")

@@ -21,6 +21,7 @@ from typing import Literal
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.types import Transcription
+from audiofast.asr.vad_filter import VadFilterOptions
 from audiofast.audio import AudioSource
 
 Engine = Literal["auto", "fast", "ct2"]
@@ -60,8 +61,9 @@ class AutoWhisper:
         return self._fast
 
     def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
-                   progress: bool | None = None) -> Transcription:
-        return self.runtime_for(options).transcribe(audio, options, progress)
+                   progress: bool | None = None,
+                   vad_filter: bool | VadFilterOptions = False) -> Transcription:
+        return self.runtime_for(options).transcribe(audio, options, progress, vad_filter)
 
 
 def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,

@@ -42,6 +42,9 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--initial-prompt", default=None)
+    p.add_argument("--vad", action="store_true",
+                   help="decode only the speech silero VAD finds (long silences, music and "
+                        "noise are cut out; times stay on the file's timeline)")
     p.add_argument("--window-pad", type=_window_pad, default=2.0, metavar="SECONDS|off",
                    help="encode a window shorter than 30 s as its audio + SECONDS of silence "
                    "(default 2: passed the judge's gate vs 30 s windows, 0 failed; a window "
@@ -124,7 +127,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     failures = 0
     for path in args.files:
         try:
-            result = model.transcribe(path, options, progress=args.progress)
+            result = model.transcribe(path, options, progress=args.progress,
+                                      vad_filter=args.vad)
         except (AudioError, ValueError) as err:  # one bad file must not cost the others
             print(f"audiofast: error: {err}", file=sys.stderr)
             failures += 1

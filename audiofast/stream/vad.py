@@ -7,11 +7,12 @@ between words does not end an utterance.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from audiofast.asr.vad_filter import load_silero
 
 SAMPLE_RATE = 16000
 CHUNK = 512  # samples silero takes at 16 kHz (32 ms)
@@ -29,15 +30,6 @@ class VadOptions:
 class VadEvent:
     kind: str  # "start" or "end"
     sample: int  # stream position (16 kHz samples) where speech started / ended
-
-
-def load_silero() -> torch.nn.Module:
-    """A fresh silero VAD network (about 2 MB, loads in ~0.1 s)."""
-    from silero_vad import load_silero_vad
-
-    with warnings.catch_warnings():  # silero 6.2 still uses torch.jit.load / resources.path
-        warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
-        return load_silero_vad()
 
 
 class SpeechDetector:
