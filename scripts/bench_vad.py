@@ -1,0 +1,113 @@
+"""VAD filtering on a long file with gaps: faster-whisper vs audiofast, VAD off and on.
+
+The file (no such recording ships offline, so it is assembled): the four real clips, with
+gaps between them of silence, white noise at -30 dB, synthetic music (chords and drums from
+the SA3 proving ground's synthesizer) and music under noise. Rows: wall time (median of
+``--runs``, model loaded), WER against the clips' references joined, and *invented words*:
+insertions, the words a model wrote that nobody said (Whisper's hallucinations on gaps).
+
+    python scripts/bench_vad.py [--model whisper-base] [--runs 3]
+
+Writes a markdown table and JSON beside ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import jiwer
+import numpy as np
+
+import audiofast  # noqa: F401  (before torch: sets GOMP_SPINCOUNT)
+from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.datasets import real_speech_clips
+from audiofast.eval.wer import normalize
+
+
+def gap(kind: str, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    from audiofast.diffusion.synth_data import render_drums, render_tone
+
+    n = int(seconds * SAMPLE_RATE)
+    if kind == "silence":
+        return np.zeros(n, np.float32)
+    noise = (0.03 * rng.standard_normal(n)).astype(np.float32)
+    if kind == "noise":
+        return noise
+    music = 0.3 * render_tone("saw", (57, 61, 64), seconds, SAMPLE_RATE)[:n] + \
+        0.3 * render_drums(100, seconds, SAMPLE_RATE, rng)[:n]
+    return (music + (noise if kind == "music+noise" else 0)).astype(np.float32)
+
+
+def gappy_file() -> tuple[np.ndarray, str]:
+    rng = np.random.default_rng(0)
+    clips = real_speech_clips()
+    parts, refs = [], []
+    for clip, kind in zip(clips, ["silence", "noise", "music", "music+noise"], strict=True):
+        parts += [gap(kind, 15.0, rng), load_audio(clip.audio)]
+        refs.append(clip.reference)
+    parts.append(gap("music", 10.0, rng))
+    return np.concatenate(parts), " ".join(refs)
+
+
+def scores(reference: str, text: str) -> dict:
+    out = jiwer.process_words(normalize(reference), normalize(text) or "<empty>")
+    return {"wer": out.wer, "invented": out.insertions}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="whisper-base")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("results/bench_vad.json"))
+    args = parser.parse_args()
+
+    from faster_whisper import WhisperModel
+
+    from audiofast.asr.options import DecodingOptions
+    from audiofast.models import resolve_model
+
+    audio, reference = gappy_file()
+    fw = WhisperModel(str(resolve_model(args.model).ct2_dir), device="cpu",
+                      compute_type="int8", cpu_threads=args.threads)
+    ours = audiofast.load_model(args.model, threads=args.threads)
+    options = DecodingOptions(language="en")
+
+    def fw_run(vad: bool) -> str:
+        segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=vad)
+        return "".join(s.text for s in segments)
+
+    rows = {f"faster-whisper, VAD {'on' if v else 'off'}": (lambda v=v: fw_run(v))
+            for v in (False, True)}
+    rows |= {f"audiofast, VAD {'on' if v else 'off'}":
+             (lambda v=v: ours.transcribe(audio, options, False, vad_filter=v).text)
+             for v in (False, True)}
+    walls: dict[str, list[float]] = {name: [] for name in rows}
+    texts: dict[str, str] = {}
+    for name, run in rows.items():  # warm-up
+        texts[name] = run()
+    for _ in range(args.runs):
+        for name, run in rows.items():  # alternated: both see the same machine load
+            start = time.perf_counter()
+            texts[name] = run()
+            walls[name].append(time.perf_counter() - start)
+    results = [{"row": name, "seconds": statistics.median(walls[name]), "runs": walls[name],
+                **scores(reference, texts[name]), "text": texts[name]} for name in rows]
+    lines = [f"File: {len(audio) / SAMPLE_RATE:.0f} s (the four real clips, 15 s gaps of "
+             "silence / noise / music / music+noise, 10 s of music at the end); "
+             f"{args.model}, greedy, --language en, {args.threads} threads, median of "
+             f"{args.runs}.", "", "| run | wall s | WER | invented words |", "|---|---|---|---|"]
+    lines += [f"| {r['row']} | {r['seconds']:.2f} | {100 * r['wer']:.1f}% | {r['invented']} |"
+              for r in results]
+    print("\n".join(lines))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": args.model, "results": results}, indent=2))
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
