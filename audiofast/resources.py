@@ -37,6 +37,6 @@ def writable_presets_dir() -> Path:
         return Path(os.environ["AUDIOFAST_PRESETS"])
     if in_checkout():
         return data_file("configs/presets")
-    from audiofast.models.packaged import cache_dir
+    from audiofast.cache import cache_dir
 
     return cache_dir() / "presets"

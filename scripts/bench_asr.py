@@ -273,7 +273,7 @@ def main() -> None:
 
     clips = [c for c in real_speech_clips() if not args.clips or c.name in args.clips]
     if args.long:
-        from audiofast.models.packaged import cache_dir
+        from audiofast.cache import cache_dir
 
         clips = [long_clip(clips, args.long, cache_dir() / "bench")]
     results = []

@@ -132,13 +132,13 @@ def test_fused_int8_tracks_the_fp32_reference(fast_int8, fast_fp32, clips):
 def test_packed_weights_cache_is_reused_and_survives_corruption(tmp_path, monkeypatch):
     """The fused decoder's packed tensors are packed once, then memory-mapped; the engine
     built from the cache computes the same logits; a corrupt cache file is packed again."""
-    import audiofast.models.packaged as packaged
+    import audiofast.cache
     from audiofast.asr.decoder_weights import DecoderWeights
     from audiofast.asr.fused_decoder import pack_decoder
     from audiofast.asr.packed_cache import load_or_pack
 
     folder = CT2Whisper("whisper-tiny.en", threads=1).resolved.ct2_dir
-    monkeypatch.setattr(packaged, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(audiofast.cache, "cache_dir", lambda: tmp_path)
     packs = []
 
     def pack():

@@ -2,6 +2,7 @@
 (gate thresholds, eval sentences, references, stage configs) travel inside the wheel and are
 found through importlib.resources."""
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -19,8 +20,14 @@ def installed(tmp_path_factory) -> Path:
     the editable install's finder, are not read, so ``audiofast`` can only come from the
     wheel."""
     tmp = tmp_path_factory.mktemp("install")
+    # Built from a copy of the sources: setuptools leaves build/ in the tree it builds, and a
+    # stale build/lib (a module since removed) would slip into the wheel.
+    source = tmp / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "build", "results", "*.egg-info", "__pycache__", "teacher",
+        "benchmarks", ".pytest_cache", ".ruff_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", str(ROOT), "-w", str(tmp / "wheel")], check=True)
+                    "--no-build-isolation", str(source), "-w", str(tmp / "wheel")], check=True)
     (wheel,) = (tmp / "wheel").glob("audiofast-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(tmp / "site"), str(wheel)], check=True)

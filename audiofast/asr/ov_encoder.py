@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audiofast.models.packaged import cache_dir
+from audiofast.cache import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def load_or_pack(model_file: Path, head_ids: torch.Tensor | None,
                  pack: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The packed tensors for ``model_file``: memory-mapped from the cache, else ``pack()``ed
     and stored (a cache that cannot be written or read is only slower, never an error)."""
-    from audiofast.models.packaged import cache_dir
+    from audiofast.cache import cache_dir
 
     path = cache_dir() / "packed" / f"{cache_key(model_file, head_ids)}.pt"
     if path.is_file():

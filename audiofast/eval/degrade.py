@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from audiofast.cache import cache_dir
 from audiofast.models import resolve_model
 from audiofast.models.ct2_to_hf import whisper_from_ct2
-from audiofast.models.packaged import cache_dir
 
 
 def fake_quantize_(weight: torch.Tensor, bits: int) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from audiofast.audio import SAMPLE_RATE, load_audio
-from audiofast.models.packaged import cache_dir
+from audiofast.cache import cache_dir
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac"}
 

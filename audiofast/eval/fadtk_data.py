@@ -12,7 +12,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from audiofast.models.packaged import cache_dir
+from audiofast.cache import cache_dir
 
 FADTK_WHEEL = "fadtk==1.1.0"
 

@@ -19,11 +19,11 @@ from tqdm import tqdm
 
 from audiofast.asr.options import DecodingOptions
 from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.cache import cache_dir
 from audiofast.eval import augment
 from audiofast.eval.datasets import real_speech_clips, tts_texts
 from audiofast.eval.tts import DEFAULT_VOICES, synthesize
 from audiofast.eval.wer import normalize
-from audiofast.models.packaged import cache_dir
 
 
 @dataclass

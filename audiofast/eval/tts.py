@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from audiofast.models.packaged import cache_dir
+from audiofast.cache import cache_dir
 
 BACKENDS = ("espeak-ng", "flite", "piper")
 DEFAULT_VOICES = ("flite:slt", "flite:kal", "espeak-ng:en-us", "piper:joe")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import importlib.util
-import os
 import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from audiofast.cache import cache_dir
 
 CT2_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 
@@ -98,12 +99,6 @@ def verify_files(name: str, files: dict[Path, str], reinstall: str) -> None:
                                       f"{expected[:16]}...: reinstall {reinstall}")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(repr(signature))
-
-
-def cache_dir() -> Path:
-    """Root of audiofast's cache (``$AUDIOFAST_CACHE`` or ``~/.cache/audiofast``)."""
-    root = os.environ.get("AUDIOFAST_CACHE") or Path.home() / ".cache" / "audiofast"
-    return Path(root)
 
 
 def _package_path(package: str, relative: str) -> Path:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from audiofast.cache import cache_dir
 from audiofast.models.hub import hub_failure_reason
-from audiofast.models.packaged import DEFAULT_MODEL, PACKAGED_MODELS, cache_dir, packaged_model_dir
+from audiofast.models.packaged import DEFAULT_MODEL, PACKAGED_MODELS, packaged_model_dir
 
 HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
 

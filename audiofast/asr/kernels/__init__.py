@@ -53,7 +53,7 @@ def build_key() -> str:
 
 
 def _built_library() -> Path:
-    from audiofast.models.packaged import cache_dir
+    from audiofast.cache import cache_dir
 
     return cache_dir() / "kernels" / f"torch-{torch.__version__}-{build_key()}" / \
         "audiofast_kernels.so"
