@@ -39,7 +39,9 @@ def _whisper_config(ct2: CT2Model, tokenizer: WhisperTokenizer, ct2_config: dict
         max_source_positions=ct2["encoder/position_encodings/encodings"].shape[0],
         max_target_positions=ct2["decoder/position_encodings/encodings"].shape[0],
         decoder_start_token_id=tokenizer.convert_tokens_to_ids("<|startoftranscript|>"),
-        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot,
+        # A vocab-diet folder's embedding is smaller than the original ids its tokenizer
+        # speaks: no padding id then (the OpenVINO export reads only its encoder).
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot if eot < vocab_size else None,
         tie_word_embeddings=True,
     )
 

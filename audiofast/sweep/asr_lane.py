@@ -194,9 +194,12 @@ def suggest(trial, space: dict[str, Param], settings: dict) -> dict:
         return space[name].suggest(trial) if name in space else base[name]
 
     cfg = dict(base, engine=ask("engine"), window_pad=ask("window_pad"),
-               vocab_keep=ask("vocab_keep"), encoder=ask("encoder"), threads=ask("threads"))
+               encoder=ask("encoder"), threads=ask("threads"))
     if cfg["engine"] == "fast":
-        cfg |= {"precision": ask("precision"), "drafter": ask("drafter"), "beam_size": 1}
+        # (the vocab diet only here: CTranslate2 cannot detect the language with a diet
+        # model, whose language tokens are renumbered, and the gate does not name one)
+        cfg |= {"precision": ask("precision"), "drafter": ask("drafter"), "beam_size": 1,
+                "vocab_keep": ask("vocab_keep")}
         if cfg["drafter"] != "none":
             cfg["draft_len"] = ask("draft_len") if "draft_len" in space else None
         if cfg["drafter"] == "ngram":
