@@ -170,9 +170,15 @@ def default_config(settings: dict) -> dict:
     """What ``audiofast transcribe --model MODEL`` runs with no other option."""
     import argparse
 
+    from audiofast.asr import kernels
     from audiofast.asr.options import DecodingOptions
     from audiofast.asr.runtime import auto_engine
     from audiofast.cli.transcribe import add_transcribe
+
+    # Build the kernels now if they are not (a minute, once): a sweep must compare against the
+    # default a set-up machine runs, and `auto` picks CTranslate2 while they are unbuilt (the
+    # first whisper-base pipeline run measured a CTranslate2 "default" that way).
+    kernels.backend()
 
     parser = argparse.ArgumentParser()
     add_transcribe(parser.add_subparsers())
