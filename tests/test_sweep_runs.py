@@ -141,11 +141,22 @@ def test_postgres_two_workers_one_sigkilled(tmp_path):
             busy = [t for t in trials if t.state.name == "RUNNING" and "worker" in t.user_attrs]
             return (busy[0], done) if busy and done else None
 
-        killed, done = _wait_for(
-            lambda: _safe(victim), 600, "a running trial after a finished one", proc, log)
-        pid = int(killed.user_attrs["worker"].rsplit(":", 1)[1])
-        assert pid != proc.pid
-        os.kill(pid, signal.SIGKILL)
+        killed = None
+        for _ in range(20):  # freeze the worker, then look: a trial cannot finish in between
+            busy, _ = _wait_for(
+                lambda: _safe(victim), 600, "a running trial after a finished one", proc, log)
+            pid = int(busy.user_attrs["worker"].rsplit(":", 1)[1])
+            assert pid != proc.pid
+            os.kill(pid, signal.SIGSTOP)
+            trials = _trials(pg.url, "smoke")
+            running = [t for t in trials if t.state.name == "RUNNING"
+                       and t.user_attrs.get("worker", "").endswith(f":{pid}")]
+            if running:
+                killed, done = running[0], [t for t in trials if t.state.name == "COMPLETE"]
+                os.kill(pid, signal.SIGKILL)
+                break
+            os.kill(pid, signal.SIGCONT)  # it was between trials: let it go on, look again
+        assert killed is not None, "no worker was caught mid-trial"
         proc.wait(timeout=400)
         out = err = log.read_text()
         assert proc.returncode == 0, err[-3000:]
