@@ -12,7 +12,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 #    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
 #    Playwright drives this Debian build because Playwright's own browser download is blocked),
 #    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation),
-#    g++ (builds the decoder's C++ kernels; without it the slower TorchScript decoder runs),
+#    g++ (builds the decoder's C++ kernels; without it CTranslate2 decodes),
 #    postgresql (server binaries for the distributed sweep test: it starts a throwaway cluster
 #    in a temp dir on a free loopback port and stops it; setup starts no server).
 missing=()

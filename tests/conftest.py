@@ -19,6 +19,18 @@ def base() -> CT2Whisper:
 
 
 @pytest.fixture(scope="session")
+def live(base, kernel):
+    """What the live server decodes on by default: the fused int8 decoder over ``base``'s
+    CTranslate2 model (``load_model``'s auto runtime)."""
+    from audiofast.asr.runtime import AutoWhisper
+    from audiofast.stream.decoder import StreamDecoder
+
+    runtime = AutoWhisper(base, threads=2)
+    assert StreamDecoder(runtime).engine == "fast"
+    return runtime
+
+
+@pytest.fixture(scope="session")
 def tiny() -> CT2Whisper:
     return CT2Whisper("whisper-tiny.en", threads=2)
 

@@ -91,24 +91,35 @@ def test_audio_decoder_resamples_stereo_48k_without_losing_the_tone():
         decode(b"\x00" * 6)  # 1.5 stereo int16 frames
 
 
-def test_session_finals_match_offline_transcript(base, clips):
-    """Policy alone (no network): finals equal the offline transcript within 2 WER points,
-    each word committed once, in time order."""
-    decoder = StreamDecoder(base)
-    for name in ("beckett", "clone-test"):
-        audio = load_audio(clips[name].audio)
-        session = StreamSession(base.tokenizer)
-        finals = []
-        for start in range(0, len(audio), 1600):
-            session.feed(audio[start:start + 1600])
-            while (request := session.next_request()) is not None:
-                finals += [e for e in session.apply(decoder.decode([request])[0])
-                           if e["type"] == "final"]
-        session.end_of_audio()
+def run_session(decoder: StreamDecoder, audio: np.ndarray) -> tuple[list[dict], list[list[int]]]:
+    """Feed ``audio`` in 0.1 s frames, decoding whatever the session asks for as it asks:
+    its final events and every hypothesis decoded."""
+    session = StreamSession(decoder.tokenizer)
+    finals, hyps = [], []
+
+    def decode_due() -> None:
         while (request := session.next_request()) is not None:
-            finals += [e for e in session.apply(decoder.decode([request])[0])
-                       if e["type"] == "final"]
-        assert session.finished
+            hyp = decoder.decode([request])[0]
+            hyps.append(hyp.tokens)
+            finals.extend(e for e in session.apply(hyp) if e["type"] == "final")
+
+    for start in range(0, len(audio), 1600):
+        session.feed(audio[start:start + 1600])
+        decode_due()
+    session.end_of_audio()
+    decode_due()
+    assert session.finished
+    return finals, hyps
+
+
+@pytest.mark.parametrize("engine", ["ct2", "fast"])
+def test_session_finals_match_offline_transcript(engine, base, live, clips):
+    """Policy alone (no network), on CTranslate2 and on the fused decoder: finals equal the
+    offline transcript within 2 WER points, each word committed once, in time order."""
+    decoder = StreamDecoder(base if engine == "ct2" else live)
+    assert decoder.engine == engine
+    for name in ("beckett", "clone-test"):
+        finals, _ = run_session(decoder, load_audio(clips[name].audio))
         text = " ".join(e["text"] for e in finals)
         offline = base.transcribe(clips[name].audio).text
         reference = clips[name].reference
@@ -116,6 +127,51 @@ def test_session_finals_match_offline_transcript(base, clips):
         assert len(text.split()) == len(offline.split())  # nothing committed twice
         starts = [e["start"] for e in finals]
         assert starts == sorted(starts)
+
+
+def test_previous_hypothesis_draft_is_lossless_and_saves_calls(live, clips):
+    """Every update of a live session decodes exactly the tokens plain greedy decodes, with
+    the last hypothesis verified as the draft; the drafts are accepted, so each decoder call
+    yields well over one token."""
+    audio = load_audio(clips["clone-test"].audio)
+    plain, drafted = StreamDecoder(live, draft=False), StreamDecoder(live)
+    _, plain_hyps = run_session(plain, audio)
+    _, drafted_hyps = run_session(drafted, audio)
+    assert drafted_hyps == plain_hyps
+    assert plain.stats["drafted"] == 0 and plain.stats["decoder_calls"] == plain.stats["tokens"]
+    stats = drafted.stats
+    assert stats["tokens"] == plain.stats["tokens"] and stats["accepted"] > 0
+    assert stats["tokens"] / stats["decoder_calls"] > 1.5, stats
+
+
+def test_forced_prefix_is_read_in_one_call_with_the_same_result(live, clips):
+    """greedy_decode's ``forced`` tokens (a stream's committed segments) are read with the
+    prompt in one call and seen by the timestamp rules as output: forcing the first segment
+    of plain greedy's output gives back plain greedy's output."""
+    decoder = StreamDecoder(live, draft=False)
+    tok = decoder.tokenizer
+    audio = load_audio(clips["beckett"].audio)[: 16000 * 8]
+    plain = decoder.decode([DecodeRequest(audio, [], "en", "transcribe")])[0].tokens
+    ends = [i for i in range(1, len(plain)) if plain[i] >= tok.timestamp_begin
+            and plain[i - 1] < tok.timestamp_begin]
+    assert ends, plain
+    prefix = plain[: ends[0] + 1]  # the first whole segment, closing timestamp included
+    calls = decoder.stats["decoder_calls"]
+    forced = decoder.decode([DecodeRequest(audio, [], "en", "transcribe", prefix)])[0].tokens
+    assert forced == plain
+    assert decoder.stats["decoder_calls"] - calls == len(plain) - len(prefix) + 1
+
+
+def test_hypothesis_drafter_follows_and_realigns():
+    from audiofast.asr.drafters.hypothesis import HypothesisDrafter
+
+    prompt = [1, 2, 3]
+    drafter = HypothesisDrafter(len(prompt), [10, 11, 12, 13, 14, 15], max_draft=3)
+    assert drafter.propose(prompt + [10]) == [11, 12, 13]  # on track: what it said next
+    drafter.feedback(3, 1)  # one of three accepted: draft little more than that
+    assert drafter.propose(prompt + [10, 11]) == [12, 13]
+    assert drafter.propose(prompt + [10, 99, 13, 14]) == [15]  # departed, then back on track
+    assert drafter.propose(prompt + [10, 99, 98]) == []  # departed: nothing to follow
 
 
 def test_forced_prefix_comes_back_once_from_ctranslate2(base, clips):
@@ -154,16 +210,17 @@ def test_output_without_the_forced_prefix_is_an_error_not_patched(base):
     ts = tok.timestamp_begin
     prefix = [ts, *tok.encode(" No, no."), ts + 50]
     runtime = SimpleNamespace(tokenizer=tok, default_suppress_ids=base.default_suppress_ids,
-                              n_mels=base.n_mels, model=_PromptlessModel(tok.encode(" Never.")))
+                              n_mels=base.n_mels, model=_PromptlessModel(tok.encode(" Never.")),
+                              resolved=SimpleNamespace(spec="stand-in"))
     request = DecodeRequest(np.zeros(32000, np.float32), [], "en", "transcribe", prefix)
     with pytest.raises(RuntimeError, match="forced prefix"):
         StreamDecoder(runtime).decode([request])  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
-def server(base):
+def server(live):
     options = ServerOptions(port=0, max_sessions=3, idle_timeout_s=3.0, max_frame_bytes=64_000)
-    thread = ServerThread(base, options)
+    thread = ServerThread(live, options)
     with thread as url:
         yield thread, url
 

@@ -19,8 +19,8 @@ from audiofast.stream.server import ServerOptions, ServerThread, check_bind
 from tests.test_stream import START, _exchange
 
 
-def test_token_is_required_when_configured(base):
-    with ServerThread(base, ServerOptions(port=0, token="s3cret")) as url:
+def test_token_is_required_when_configured(live):
+    with ServerThread(live, ServerOptions(port=0, token="s3cret")) as url:
         with pytest.raises(InvalidStatus) as err:
             asyncio.run(_exchange(url, START))
         assert err.value.response.status_code == 401
@@ -56,9 +56,9 @@ def _upgrade_status(url: str, headers: dict[str, str]) -> int:
     return status
 
 
-def test_other_sites_cannot_open_a_socket(base):
+def test_other_sites_cannot_open_a_socket(live):
     """Cross-site WebSocket hijacking: any page the user visits may try ws://127.0.0.1."""
-    with ServerThread(base, ServerOptions(port=0)) as url:
+    with ServerThread(live, ServerOptions(port=0)) as url:
         netloc = urlsplit(url).netloc
         port = urlsplit(url).port
         assert _upgrade_status(url, {}) == 101  # no Origin: not a browser
@@ -71,8 +71,8 @@ def test_other_sites_cannot_open_a_socket(base):
         assert _upgrade_status(url, {"Host": rebound, "Origin": f"http://{rebound}"}) == 403
 
 
-def test_allow_origin_admits_listed_sites_only(base):
-    with ServerThread(base, ServerOptions(port=0, allow_origins=("https://app.example",))) as url:
+def test_allow_origin_admits_listed_sites_only(live):
+    with ServerThread(live, ServerOptions(port=0, allow_origins=("https://app.example",))) as url:
         assert _upgrade_status(url, {"Origin": "https://app.example"}) == 101
         assert _upgrade_status(url, {"Origin": "https://app.example.evil"}) == 403
 
@@ -98,23 +98,25 @@ def test_serve_command_takes_token_file_env_and_allowed_origins(tmp_path, monkey
     from audiofast.cli import main
 
     made: list[ServerOptions] = []
+    loaded: list[tuple] = []
 
     class FakeServer:
-        def __init__(self, runtime, options, pad_s):
+        def __init__(self, runtime, options, pad_s, draft):
             made.append(options)
-            self.runtime = SimpleNamespace(resolved=SimpleNamespace(spec="fake"))
+            self.decoder = SimpleNamespace(spec="fake", engine="fake")
 
         async def serve_forever(self) -> None:
             return None
 
     monkeypatch.setattr("audiofast.stream.server.TranscriptionServer", FakeServer)
-    monkeypatch.setattr("audiofast.asr.ct2_runtime.CT2Whisper", lambda *a, **k: None)
+    monkeypatch.setattr("audiofast.asr.runtime.load_model", lambda *a, **k: loaded.append(a))
     secret = tmp_path / "token"
     secret.write_text("from-file")
     main(["serve", "--host", "0.0.0.0", "--token-file", str(secret),
           "--allow-origin", "https://a.example", "--allow-origin", "https://b.example"])
     assert made[-1].token == "from-file"
     assert made[-1].allow_origins == ("https://a.example", "https://b.example")
+    assert loaded[-1] == (None, "auto")  # the packaged default on the default engine
     monkeypatch.setenv("AUDIOFAST_TOKEN", "from-env")
     main(["serve", "--host", "0.0.0.0"])
     assert made[-1].token == "from-env"

@@ -68,11 +68,11 @@ def _good_and_poisoned(url: str, clips: dict, poisoned: int) -> tuple[StreamResu
     return asyncio.run(run())
 
 
-def test_decode_failure_fails_only_its_session_and_frees_the_slot(base, clips, caplog):
+def test_decode_failure_fails_only_its_session_and_frees_the_slot(live, clips, caplog):
     """Sessions whose decode raises, after their client sent ``end``, get a generic
     ``internal`` error and a 1011 close within a second; with max_sessions=2, three in a row
     still get in (their slots came back); a session batched with them goes on."""
-    thread, faults = ServerThread(base, ServerOptions(port=0, max_sessions=2)), []
+    thread, faults = ServerThread(live, ServerOptions(port=0, max_sessions=2)), []
     decoder = thread.server.decoder
     real = decoder.decode
 
@@ -101,7 +101,7 @@ def test_decode_failure_fails_only_its_session_and_frees_the_slot(base, clips, c
     assert "illegal address" in caplog.text  # the detail is logged, not sent
 
 
-def test_failing_apply_fails_its_session_not_the_scheduler(base, clips, monkeypatch):
+def test_failing_apply_fails_its_session_not_the_scheduler(live, clips, monkeypatch):
     """A bug in the stream bookkeeping (``apply``) once killed the scheduler silently."""
     real = StreamSession.apply
 
@@ -111,7 +111,7 @@ def test_failing_apply_fails_its_session_not_the_scheduler(base, clips, monkeypa
         return real(self, hyp)
 
     monkeypatch.setattr(StreamSession, "apply", apply)
-    with ServerThread(base, ServerOptions(port=0)) as url:
+    with ServerThread(live, ServerOptions(port=0)) as url:
         good, poisoned = _good_and_poisoned(url, clips, 2)
         status, health = _health(url)
     assert all((e[1:], code) == ([INTERNAL], 1011) for e, code, _ in poisoned), poisoned
@@ -119,10 +119,10 @@ def test_failing_apply_fails_its_session_not_the_scheduler(base, clips, monkeypa
     assert status == 200 and health["failures"] == {"internal": 2}, health
 
 
-def test_scheduler_crash_is_restarted(base, clips):
+def test_scheduler_crash_is_restarted(live, clips):
     """A fault outside every per-session guard (a decoder answering with no hypothesis for
     its request): the round's session fails, the scheduler restarts, the next one works."""
-    thread = ServerThread(base, ServerOptions(port=0))
+    thread = ServerThread(live, ServerOptions(port=0))
     decoder = thread.server.decoder
     real, calls = decoder.decode, []
 
@@ -143,10 +143,10 @@ def test_scheduler_crash_is_restarted(base, clips):
     assert status == 200 and health["scheduler_restarts"] == 1, health
 
 
-def test_dead_scheduler_fails_sessions_and_health(base):
+def test_dead_scheduler_fails_sessions_and_health(live):
     """If the scheduler task is gone anyway, nobody waits on it: open sessions fail, new ones
     are refused, /health answers 503."""
-    thread = ServerThread(base, ServerOptions(port=0))
+    thread = ServerThread(live, ServerOptions(port=0))
     with thread as url:
         async def run() -> tuple[list[dict], int | None, list[dict]]:
             async with connect(url) as ws:
@@ -182,11 +182,11 @@ class _SlowDetector:
         return []
 
 
-def test_slow_vad_does_not_stall_the_event_loop(base, monkeypatch):
+def test_slow_vad_does_not_stall_the_event_loop(live, monkeypatch):
     """The scheduler once took a session's threading.Lock on the event loop while a worker
     thread held it for VAD: every connection froze for the length of a VAD call."""
     monkeypatch.setattr("audiofast.stream.server.SpeechDetector", _SlowDetector)
-    with ServerThread(base, ServerOptions(port=0)) as url:
+    with ServerThread(live, ServerOptions(port=0)) as url:
         async def stream() -> list[dict]:
             async with connect(url) as ws:
                 await ws.send(json.dumps(START))

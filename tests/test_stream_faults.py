@@ -253,7 +253,7 @@ def fault_table(cases: list[Case]) -> str:
 
 
 @pytest.mark.slow
-def test_fault_suite(base, clips):
+def test_fault_suite(live, clips):
     speech = load_audio(clips["two_cities"].audio)[: 16000 * 4]
     cases = _cases(speech)
     # Headroom over the 1 good + 3 concurrent bad sessions: a slot can stay taken for a moment
@@ -261,7 +261,7 @@ def test_fault_suite(base, clips):
     options = ServerOptions(port=0, max_sessions=8, max_frame_bytes=MAX_FRAME,
                             idle_timeout_s=5.0)
     before = rss_mb()
-    thread = ServerThread(base, options)
+    thread = ServerThread(live, options)
     with thread as url:
 
         async def run() -> tuple:

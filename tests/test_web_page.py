@@ -16,14 +16,14 @@ from tests.conftest import convert
 SCREENSHOT = os.environ.get("AUDIOFAST_SCREENSHOT")
 
 
-def test_page_streams_microphone_and_shows_transcript(base, clips, ffmpeg, tmp_path):
+def test_page_streams_microphone_and_shows_transcript(live, clips, ffmpeg, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("chromium is missing: run scripts/setup.sh")
     from playwright.sync_api import sync_playwright
 
     wav = convert(ffmpeg, clips["beckett"].audio, tmp_path / "mic.wav", 48000, 1)
-    with ServerThread(base, ServerOptions(port=0)) as thread_url, sync_playwright() as p:
+    with ServerThread(live, ServerOptions(port=0)) as thread_url, sync_playwright() as p:
         page_url = thread_url.replace("ws://", "http://").removesuffix("asr")
         browser = p.chromium.launch(executable_path=chromium, args=[
             "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",

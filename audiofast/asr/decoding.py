@@ -83,24 +83,30 @@ class DecodeOutput:
 
 
 def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTokenizer,
-                 max_new_tokens: int) -> tuple[DecodeOutput, torch.Tensor, int]:
-    """Feed the prompt in one call: the output so far (with the no-speech probability read at
-    the start-of-transcript position), the next-token logits, and the token budget."""
+                 max_new_tokens: int, forced: list[int] = ()) -> tuple[DecodeOutput,
+                                                                        torch.Tensor, int]:
+    """Feed the prompt and the ``forced`` output prefix in one call: the output so far (with
+    the no-speech probability read at the start-of-transcript position), the next-token
+    logits, and the output length limit."""
     sot = prompt.index(tok.sot)
-    logits = engine(torch.tensor(prompt), 0, last=len(prompt) - sot)
+    fed = prompt + list(forced)
+    logits = engine(torch.tensor(fed), 0, last=len(fed) - sot)
     no_speech = logits[0].softmax(-1)[tok.no_speech].item()
-    limit = min(max_new_tokens, engine.n_ctx - len(prompt) - 1)
-    return DecodeOutput([], 0.0, no_speech, engine_calls=1), logits[-1], limit
+    limit = len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
+    return DecodeOutput(list(forced), 0.0, no_speech, engine_calls=1), logits[-1], limit
 
 
 def greedy_decode(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
-    drafter: Drafter | None = None,
+    drafter: Drafter | None = None, forced: list[int] = (),
 ) -> DecodeOutput:
-    """Greedy decoding; with a drafter, each engine call verifies the drafted continuation."""
+    """Greedy decoding; with a drafter, each engine call verifies the drafted continuation.
+    ``forced``: output tokens already decided (a live stream's committed segments), read with
+    the prompt and seen by the logit rules as output; they start ``tokens`` and are not
+    scored."""
     tok = rules.tokenizer
-    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens)
-    position = len(prompt)
+    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens, forced)
+    position = len(prompt) + len(forced)
     while True:
         logprobs = rules.apply(last, out.tokens).log_softmax(-1)
         token = int(logprobs.argmax())

@@ -21,6 +21,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="a web origin (https://app.example) whose pages may connect, besides "
                         "this server's own page; repeat for more, '*' for any")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
+    p.add_argument("--engine", choices=("auto", "fast", "ct2"), default="auto",
+                   help="decoder: auto = the fused int8 decoder where its kernels are built, "
+                        "else CTranslate2 (as transcribe)")
+    p.add_argument("--no-draft", action="store_true",
+                   help="do not verify the previous hypothesis as a draft (fused decoder)")
     p.add_argument("--min-chunk", type=float, default=0.5,
                    help="seconds of new audio before a session is re-decoded")
     p.add_argument("--pad", type=float, default=10.0,
@@ -32,7 +37,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from audiofast.asr.ct2_runtime import CT2Whisper
+    from audiofast.asr.runtime import load_model
     from audiofast.stream.access import resolve_token
     from audiofast.stream.server import ServerOptions, TranscriptionServer, check_bind
     from audiofast.stream.session import StreamOptions
@@ -46,9 +51,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
                             allow_origins=tuple(args.allow_origin))
-    server = TranscriptionServer(CT2Whisper(args.model, threads=args.threads), options, args.pad)
-    print(f"audiofast: serving {server.runtime.resolved.spec} on http://{args.host}:{args.port}/"
-          f" (WebSocket: ws://{args.host}:{args.port}/asr)", file=sys.stderr, flush=True)
+    runtime = load_model(args.model, args.engine, threads=args.threads)
+    server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft)
+    print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
+          f"http://{args.host}:{args.port}/ (WebSocket: ws://{args.host}:{args.port}/asr)",
+          file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve_forever())
     return 0

@@ -13,11 +13,16 @@ Three things make streaming affordable on a small CPU:
 - **Sessions are batched** when their windows fall in the same 2 s bucket: the encoder
   costs the same batched or not (it is linear in frames), and padding a short buffer to a
   long batch mate's window changed its transcript.
+- **The fused int8 decoder** (the offline default) decodes each session's window where its
+  kernels are built, with the previous hypothesis's uncommitted tokens as the draft
+  (drafters/hypothesis.py): verified losslessly, so the text is plain greedy's, in fewer
+  decoder calls. CTranslate2's ``generate`` decodes where the kernels cannot run.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import ctranslate2
@@ -25,6 +30,8 @@ import numpy as np
 import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.decoding import LogitRules, greedy_decode
+from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import compression_ratio
 from audiofast.audio import SAMPLE_RATE
@@ -40,6 +47,7 @@ class DecodeRequest:
     language: str | None = "en"
     task: str = "transcribe"
     prefix: list[int] = field(default_factory=list)  # complete committed segments, forced
+    draft: list[int] = field(default_factory=list)  # the last hypothesis after the prefix
 
 
 @dataclass
@@ -51,13 +59,29 @@ class Hypothesis:
 
 
 class StreamDecoder:
-    """Decodes a batch of :class:`DecodeRequest` with timestamps on one CT2 Whisper model."""
+    """Decodes a batch of :class:`DecodeRequest` with timestamps.
 
-    def __init__(self, runtime: CT2Whisper, pad_s: float = 10.0):
-        self.runtime = runtime
-        self.tokenizer = runtime.tokenizer
+    ``runtime``: what :func:`audiofast.load_model` returns. A CTranslate2 model decodes on
+    CTranslate2; the fast and auto runtimes decode on the owned decoder (auto: where the
+    kernels are built). ``draft``: verify the previous hypothesis as a draft (fast only)."""
+
+    def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True):
+        from audiofast.asr.options import DecodingOptions
+
+        if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
+            runtime = runtime.runtime_for(DecodingOptions())
+        self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
+        self.ct2: CT2Whisper = runtime.ct2 if self.fast is not None else runtime
+        self.engine = "ct2" if self.fast is None else "fast"
+        self.tokenizer = self.ct2.tokenizer
+        self.spec = self.ct2.resolved.spec
         self.pad_s = pad_s
-        self.suppress = self.tokenizer.suppressed_tokens((-1,), runtime.default_suppress_ids)
+        self.draft = draft and self.fast is not None
+        self.suppress = self.tokenizer.suppressed_tokens((-1,), self.ct2.default_suppress_ids)
+        # Where decode time goes, and (owned decoder) tokens per decoder call: the drafts'
+        # effect. CTranslate2's generate makes one call per step: its calls are its tokens.
+        self.stats = {"encoder_s": 0.0, "decoder_s": 0.0, "windows": 0, "tokens": 0,
+                      "decoder_calls": 0, "drafted": 0, "accepted": 0}
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
@@ -90,20 +114,32 @@ class StreamDecoder:
         return len(hyp.tokens) > limit or compression_ratio(text) > 2.4
 
     def _decode(self, requests: list[DecodeRequest], frames: int) -> list[Hypothesis]:
-        tok = self.tokenizer
         samples = frames * SAMPLE_RATE // FRAMES_PER_SECOND
         mels = []
         for r in requests:
             audio = r.audio[:samples]
-            mel = log_mel_spectrogram(audio, self.runtime.n_mels, padding=samples - len(audio))
+            mel = log_mel_spectrogram(audio, self.ct2.n_mels, padding=samples - len(audio))
             mels.append(mel[:, :frames])
         features = torch.stack(mels).contiguous().numpy()
-        encoded = self.runtime.model.encode(ctranslate2.StorageView.from_array(features))
+        t0 = time.perf_counter()
+        encoded = self.ct2.model.encode(ctranslate2.StorageView.from_array(features))
+        t1 = time.perf_counter()
+        self.stats["encoder_s"] += t1 - t0
+        self.stats["windows"] += len(requests)
+        hyps = self._generate(requests, encoded)
+        self.stats["decoder_s"] += time.perf_counter() - t1
+        return hyps
+
+    def _generate(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView
+                  ) -> list[Hypothesis]:
+        tok = self.tokenizer
         languages = [r.language for r in requests]
         if tok.multilingual and None in languages:  # auto: detect from this encoder output
-            detected = self.runtime.model.detect_language(encoded)
+            detected = self.ct2.model.detect_language(encoded)
             languages = [lang or best[0][0][2:-2] for lang, best in zip(languages, detected,
                                                                          strict=True)]
+        if self.fast is not None:
+            return self._decode_fused(requests, encoded, languages)
         prompts = [tok.prompt(r.context, lang, r.task, timestamps=True) + r.prefix
                    for r, lang in zip(requests, languages, strict=True)]
         budget = max(MAX_TOKENS_PER_SECOND * len(r.audio) / SAMPLE_RATE for r in requests) + 12
@@ -115,7 +151,7 @@ class StreamDecoder:
         for length, members in groups.items():
             part = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(
                 np.asarray(encoded)[members])
-            outputs = self.runtime.model.generate(
+            outputs = self.ct2.model.generate(
                 part, [prompts[i] for i in members], beam_size=1,
                 max_length=length + int(budget), return_scores=True, return_no_speech_prob=True,
                 suppress_blank=False, suppress_tokens=self.suppress,
@@ -133,4 +169,33 @@ class StreamDecoder:
             if tokens[: len(request.prefix)] != request.prefix:
                 raise RuntimeError("CTranslate2 output does not start with the forced prefix")
             hyps.append(Hypothesis(tokens, result.no_speech_prob, result.scores[0], False))
+            new = len(tokens) - len(request.prefix) + 1  # the end-of-text token counts
+            self.stats["tokens"] += new
+            self.stats["decoder_calls"] += new
+        return hyps
+
+    def _decode_fused(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView,
+                      languages: list[str | None]) -> list[Hypothesis]:
+        """Each window on the owned decoder, its forced prefix read with the prompt and the
+        previous hypothesis verified as the draft."""
+        tok, engine = self.tokenizer, self.fast.engine
+        rules = LogitRules(tok, suppress=self.suppress, suppress_at_begin=[], timestamps=True,
+                           max_initial_timestamp_index=50)
+        windows = torch.from_numpy(np.array(encoded))
+        hyps = []
+        for i, (request, language) in enumerate(zip(requests, languages, strict=True)):
+            engine.set_audio(windows[i : i + 1])
+            prompt = tok.prompt(request.context, language, request.task, timestamps=True)
+            expected = request.prefix + request.draft
+            drafter = HypothesisDrafter(len(prompt), expected) \
+                if self.draft and request.draft else None
+            budget = int(MAX_TOKENS_PER_SECOND * len(request.audio) / SAMPLE_RATE) + 12
+            out = greedy_decode(engine, prompt, rules, budget, drafter, forced=request.prefix)
+            new = len(out.tokens) - len(request.prefix)
+            self.stats["decoder_calls"] += out.engine_calls
+            self.stats["tokens"] += new + 1  # the end-of-text token is decoded too
+            self.stats["drafted"] += out.drafted
+            self.stats["accepted"] += out.accepted
+            hyps.append(Hypothesis(out.tokens, out.no_speech_prob,
+                                   out.sum_logprob / (new + 1), False))
         return hyps

@@ -29,7 +29,6 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.stream.access import check_bind, origin_allowed
 from audiofast.stream.decoder import StreamDecoder
 from audiofast.stream.protocol import (
@@ -69,13 +68,14 @@ class ServerOptions:
 
 
 class TranscriptionServer:
-    def __init__(self, runtime: CT2Whisper, options: ServerOptions = ServerOptions(),
-                 pad_s: float = 10.0):
+    def __init__(self, runtime, options: ServerOptions = ServerOptions(), pad_s: float = 10.0,
+                 draft: bool = True):
+        """``runtime``: what :func:`audiofast.load_model` returns (see StreamDecoder)."""
         check_bind(options.host, options.token)
         self.runtime = runtime
         self.options = options
         self.sessions: dict[int, LiveSession] = {}
-        self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s=pad_s), self.sessions,
+        self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s, draft), self.sessions,
                                          options.batch_window_s, options.max_batch)
         self.stats = self.scheduler.stats
         self.failures: Counter[str] = Counter()  # sessions ended by each FAILURES code
@@ -137,7 +137,8 @@ class TranscriptionServer:
         running = self.scheduler.running
         return {"ok": running, "scheduler": "running" if running else "stopped",
                 "sessions": len(self.sessions), "max_sessions": self.options.max_sessions,
-                **self.stats, "failures": dict(self.failures)}
+                **self.stats, "failures": dict(self.failures), "engine": self.decoder.engine,
+                "decoder": dict(self.decoder.stats)}
 
     # -- one connection ----------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
@@ -164,7 +165,7 @@ class TranscriptionServer:
         receiver = asyncio.create_task(self._receive_loop(session))
         try:
             session.emit([{"type": "ready", "session": session.id, "sample_rate": 16000,
-                           "model": self.runtime.resolved.spec}])
+                           "model": self.decoder.spec}])
             await session.over.wait()
         finally:
             self.sessions.pop(session.id, None)  # the slot is free from here on
@@ -180,7 +181,7 @@ class TranscriptionServer:
     async def _open(self, ws: ServerConnection) -> LiveSession | None:
         try:
             first = await asyncio.wait_for(ws.recv(), self.options.start_timeout_s)
-            config = parse_start(first, set(self.runtime.tokenizer.languages))
+            config = parse_start(first, set(self.decoder.tokenizer.languages))
         except TimeoutError:
             await self._refuse(ws, "timeout", "no start message", 1008)
             return None
@@ -190,7 +191,7 @@ class TranscriptionServer:
         except ConnectionClosed:
             return None
         detector = await asyncio.to_thread(SpeechDetector, self.options.vad)
-        stream = StreamSession(self.runtime.tokenizer, self._stream_options(config), detector)
+        stream = StreamSession(self.decoder.tokenizer, self._stream_options(config), detector)
         return LiveSession(ws, config, stream, self.options.max_outbox, self.failures)
 
     def _stream_options(self, config: StartConfig) -> StreamOptions:
@@ -282,11 +283,11 @@ class ServerThread:
     """Run a server on its own event loop in a background thread (tests, notebooks, apps
     that embed it): ``with ServerThread(runtime, options) as url: ...``."""
 
-    def __init__(self, runtime: CT2Whisper, options: ServerOptions = ServerOptions(port=0),
-                 pad_s: float = 10.0):
+    def __init__(self, runtime, options: ServerOptions = ServerOptions(port=0),
+                 pad_s: float = 10.0, draft: bool = True):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server = TranscriptionServer(runtime, options, pad_s)
+        self.server = TranscriptionServer(runtime, options, pad_s, draft)
 
     def __enter__(self) -> str:
         self.thread.start()

@@ -141,9 +141,11 @@ class StreamSession:
         self._in_flight = (utt, end, closed)
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
+        # What the last decode said after the prefix: the draft the new decode verifies.
+        draft = utt.committed[len(prefix):] + utt.previous
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
-                             self.options.language, self.options.task, prefix)
+                             self.options.language, self.options.task, prefix, draft)
 
     def apply(self, hyp: Hypothesis) -> list[dict]:
         """Take the hypothesis for the request :meth:`next_request` gave; return events."""
