@@ -9,8 +9,16 @@ turn) at real-time pace over loopback. Reported per N:
 - end lag: seconds from the last audio frame to ``closed`` (bounded = real time held)
 - WER of the concatenated finals against the references, beside the offline transcript's
 - server RSS (peak, from /proc) — the server runs as its own process
+- the decoder's work from the server's /health: tokens per decoder call (the previous
+  hypothesis as a draft) and milliseconds of decoder time per decoded token, and the share
+  of decode time spent in the encoder
 
-    python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8
+Each ``--engines`` entry is a server of its own (``audiofast serve --engine E``), run side by
+side in one invocation: ``ct2`` is the old engine (CTranslate2's generate), ``auto`` the
+fused int8 decoder with drafts.
+
+    python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8 \
+        --engines ct2 auto
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.runtime import load_model
 from audiofast.audio import load_audio
 from audiofast.eval.datasets import real_speech_clips
 from audiofast.eval.wer import wer
@@ -57,9 +65,9 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
     return fields
 
 
-def start_server(model: str, port: int, threads: int) -> subprocess.Popen:
+def start_server(model: str, port: int, threads: int, engine: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
-           str(port), "--max-sessions", "16", "--threads", str(threads)]
+           str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", engine]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
@@ -98,18 +106,33 @@ async def run_clients(url: str, clips: list, n: int) -> list[dict]:
     return rows
 
 
-def summarize(model: str, n: int, rows: list[dict], memory: dict, offline_wer: float) -> dict:
+def health(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+        return json.loads(response.read())
+
+
+def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
+              offline: dict[str, float], served: dict) -> dict:
     commits = [x for r in rows for x in r["commit_latency_s"]]
     utt = [x for r in rows for x in r["utterance_final_s"]]
     first = [r["first_partial_s"] for r in rows if r["first_partial_s"] is not None]
+    stats = served["decoder"]
+    decode_s = stats["encoder_s"] + stats["decoder_s"]
     return {
-        "model": model, "clients": n,
+        "model": model, "engine": served["engine"], "asked_engine": engine, "clients": n,
         "first_partial_p50": percentile(first, 50), "first_partial_p95": percentile(first, 95),
         "commit_p50": percentile(commits, 50), "commit_p95": percentile(commits, 95),
         "utt_final_p50": percentile(utt, 50), "utt_final_p95": percentile(utt, 95),
         "end_lag_max": max(r["end_lag_s"] for r in rows),
         "realtime_held": max(r["end_lag_s"] for r in rows) < 3.0,
-        "wer": float(np.mean([r["wer"] for r in rows])), "offline_wer": offline_wer,
+        "wer": float(np.mean([r["wer"] for r in rows])),
+        "offline_wer": float(np.mean([offline[r["clip"]] for r in rows])),
+        # streamed minus offline WER, worst clip (the goal: within 1 point on each)
+        "wer_gap_max": max(r["wer"] - offline[r["clip"]] for r in rows),
+        "tokens_per_call": stats["tokens"] / max(1, stats["decoder_calls"]),
+        "decoder_ms_per_token": 1000 * stats["decoder_s"] / max(1, stats["tokens"]),
+        "encoder_share": stats["encoder_s"] / decode_s if decode_s else float("nan"),
+        "decoder_stats": stats,
         "errors": sum(r["errors"] for r in rows),
         "rss_peak_mb": memory.get("VmHWM"), "rows": rows,
     }
@@ -122,11 +145,12 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for model in dict.fromkeys(r["model"] for r in results):
-        rs = [r for r in results if r["model"] == model]
+    for key in dict.fromkeys((r["model"], r["engine"]) for r in results):
+        rs = [r for r in results if (r["model"], r["engine"]) == key]
         ns = [r["clients"] for r in rs]
-        axes[0].plot(ns, [r["first_partial_p50"] for r in rs], "o-", label=f"{model} p50")
-        axes[1].plot(ns, [r["utt_final_p95"] for r in rs], "o-", label=f"{model} p95")
+        label = "/".join(key)
+        axes[0].plot(ns, [r["first_partial_p50"] for r in rs], "o-", label=f"{label} p50")
+        axes[1].plot(ns, [r["utt_final_p95"] for r in rs], "o-", label=f"{label} p95")
     axes[0].set(title="first partial after speech onset", xlabel="concurrent clients",
                 ylabel="seconds")
     axes[1].set(title="utterance final after its last word", xlabel="concurrent clients",
@@ -143,6 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["whisper-base"])
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--engines", nargs="+", default=["ct2", "auto"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT / "bench_stream.json")
     args = parser.parse_args()
@@ -153,33 +178,39 @@ def main() -> None:
         c["onset"] = speech_onset(c["audio"])
     results = []
     for model in args.models:
-        runtime = CT2Whisper(model, threads=args.threads)
-        offline = float(np.mean([wer(c["reference"], runtime.transcribe(c["audio"]).text)
-                                 for c in clips]))
+        runtime = load_model(model, threads=args.threads)
+        offline = {c["name"]: wer(c["reference"], runtime.transcribe(c["audio"]).text)
+                   for c in clips}
         del runtime
         for n in args.clients:
-            port = free_port()
-            server = start_server(model, port, args.threads)
-            try:
-                rows = asyncio.run(run_clients(f"ws://127.0.0.1:{port}/asr", clips, n))
-                memory = proc_memory_mb(server.pid)
-            finally:
-                server.terminate()
-                server.wait(30)
-            summary = summarize(model, n, rows, memory, offline)
-            results.append(summary)
-            print(f"{model} N={n}: first partial p50 {summary['first_partial_p50']:.2f} s, "
-                  f"utterance final p95 {summary['utt_final_p95']:.2f} s, "
-                  f"end lag max {summary['end_lag_max']:.1f} s", flush=True)
-    header = ("| model | N | first partial p50/p95 s | commit p50/p95 s | utterance final "
-              "p50/p95 s | end lag max s | real time | WER stream / offline | RSS peak MB |")
-    print("\n" + header + "\n|" + "---|" * 9)
+            for engine in args.engines:  # side by side at each N: drift hits both alike
+                port = free_port()
+                server = start_server(model, port, args.threads, engine)
+                try:
+                    rows = asyncio.run(run_clients(f"ws://127.0.0.1:{port}/asr", clips, n))
+                    memory = proc_memory_mb(server.pid)
+                    served = health(port)
+                finally:
+                    server.terminate()
+                    server.wait(30)
+                summary = summarize(model, engine, n, rows, memory, offline, served)
+                results.append(summary)
+                print(f"{model} {summary['engine']} N={n}: first partial p50 "
+                      f"{summary['first_partial_p50']:.2f} s, utterance final p95 "
+                      f"{summary['utt_final_p95']:.2f} s, end lag max "
+                      f"{summary['end_lag_max']:.1f} s", flush=True)
+    header = ("| model | engine | N | first partial p50/p95 s | commit p50/p95 s | utterance "
+              "final p50/p95 s | end lag max s | real time | WER stream / offline (worst "
+              "clip gap) | tokens/call | decoder ms/token | encoder share | RSS peak MB |")
+    print("\n" + header + "\n|" + "---|" * 13)
     for r in results:
-        print(f"| {r['model']} | {r['clients']} | {r['first_partial_p50']:.2f} / "
+        print(f"| {r['model']} | {r['engine']} | {r['clients']} | {r['first_partial_p50']:.2f} / "
               f"{r['first_partial_p95']:.2f} | {r['commit_p50']:.2f} / {r['commit_p95']:.2f} | "
               f"{r['utt_final_p50']:.2f} / {r['utt_final_p95']:.2f} | {r['end_lag_max']:.1f} | "
               f"{'yes' if r['realtime_held'] else 'no'} | {r['wer']:.3f} / "
-              f"{r['offline_wer']:.3f} | {r['rss_peak_mb']:.0f} |")
+              f"{r['offline_wer']:.3f} ({r['wer_gap_max']:+.3f}) | {r['tokens_per_call']:.2f} | "
+              f"{r['decoder_ms_per_token']:.1f} | {r['encoder_share']:.0%} | "
+              f"{r['rss_peak_mb']:.0f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"cpu_count": __import__("os").cpu_count(), "threads": args.threads}
     args.out.write_text(json.dumps({"machine": machine, "results": results}, indent=1))

@@ -75,7 +75,7 @@ def main() -> None:
     fw = WhisperModel(str(resolve_model(args.model).ct2_dir), device="cpu",
                       compute_type="int8", cpu_threads=args.threads)
     ours = audiofast.load_model(args.model, threads=args.threads)
-    options = DecodingOptions(language="en")
+    options = DecodingOptions(language="en", window_pad=None)  # 30 s windows, as faster-whisper
 
     def fw_run(vad: bool) -> str:
         segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=vad)

@@ -1,4 +1,6 @@
-"""Decoding options, with the defaults users of openai-whisper / faster-whisper expect."""
+"""Decoding options, with the defaults users of openai-whisper / faster-whisper expect (and
+two of ours: short windows padded by 2 s, batched chunks of 25 s). The CLI's defaults are
+these."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ class DecodingOptions:
     suppress_tokens: tuple[int, ...] = (-1,)  # -1: the model's own list (config.json)
     max_new_tokens: int = 224  # Whisper's text context is 448 and the prompt takes up to half
     # Seconds of silence after a window's audio when it is shorter than 30 s (the last window,
-    # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s.
-    window_pad: float | None = None
+    # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s
+    # (openai-whisper's way). 2 s passed the judge's gate (docs/transcribe.md).
+    window_pad: float | None = 2.0
     # Independent chunks of at most chunk_length seconds, cut at quiet frames and decoded
     # batch_size at a time (batched.py); 0: Whisper's sequential loop (longform.py).
     batch_size: int = 0
-    chunk_length: float = 30.0
+    chunk_length: float = 25.0

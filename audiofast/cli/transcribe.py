@@ -6,7 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from audiofast.asr.options import DecodingOptions
 from audiofast.asr.writers import FORMATS, WRITERS, write_transcript
+
+DEFAULTS = DecodingOptions()  # the library's defaults are the CLI's
 
 
 def add_transcribe(sub: argparse._SubParsersAction) -> None:
@@ -45,14 +48,16 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vad", action="store_true",
                    help="decode only the speech silero VAD finds (long silences, music and "
                         "noise are cut out; times stay on the file's timeline)")
-    p.add_argument("--window-pad", type=_window_pad, default=2.0, metavar="SECONDS|off",
+    p.add_argument("--window-pad", type=_window_pad, default=DEFAULTS.window_pad,
+                   metavar="SECONDS|off",
                    help="encode a window shorter than 30 s as its audio + SECONDS of silence "
                    "(default 2: passed the judge's gate vs 30 s windows, 0 failed; a window "
                    "whose greedy decode fails is redone at 30 s); off: always 30 s, as Whisper")
     p.add_argument("--batch-size", type=_count, default=0, metavar="N",
                    help="N > 0: cut the file at pauses into independent chunks and decode N "
                    "at a time (CTranslate2 engine); 0 (default): Whisper's sequential windows")
-    p.add_argument("--chunk-length", type=_chunk_seconds, default=25.0, metavar="SECONDS",
+    p.add_argument("--chunk-length", type=_chunk_seconds, default=DEFAULTS.chunk_length,
+                   metavar="SECONDS",
                    help="with --batch-size: longest chunk, at most 30 (default 25)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: for files over a minute)")

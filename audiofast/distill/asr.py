@@ -89,7 +89,7 @@ def build_examples(teacher: CT2Whisper, sentences: list[str], cache: str | Path 
         return [Example(**e) for e in torch.load(cache, weights_only=False)["examples"]]
     tok = teacher.tokenizer
     prompt = tok.sot_sequence("en", "transcribe", timestamps=True)
-    options = DecodingOptions(language="en")
+    options = DecodingOptions(language="en", window_pad=None)  # the teacher's own 30 s windows
     examples = []
     groups = group_sentences(sentences)
     for i, group in enumerate(tqdm(groups, desc="teacher transcripts")):

@@ -68,8 +68,10 @@ def bootstrap_delta(
 
 
 # The judge decodes greedily with no temperature fallback: sampling would make two runs of
-# the same candidate disagree, and a verdict must be reproducible.
-JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,))
+# the same candidate disagree, and a verdict must be reproducible. Its windows are Whisper's
+# own (30 s, no pad) unless a spec says "+padN": its baselines, caches and gate limits were
+# measured so, whatever the library's defaults become.
+JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,), window_pad=None, chunk_length=30.0)
 
 
 SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length",
