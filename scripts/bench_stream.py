@@ -13,9 +13,9 @@ turn) at real-time pace over loopback. Reported per N:
   hypothesis as a draft) and milliseconds of decoder time per decoded token, and the share
   of decode time spent in the encoder
 
-Each ``--engines`` entry is a server of its own (``audiofast serve --engine E``), run side by
-side in one invocation: ``ct2`` is the old engine (CTranslate2's generate), ``auto`` the
-fused int8 decoder with drafts.
+Each ``--engines`` entry is a server of its own (``audiofast serve --engine E [--pad S]``,
+spelled ``E`` or ``E+padS``), run side by side in one invocation: ``ct2`` is the old engine
+(CTranslate2's generate), ``auto`` the fused int8 decoder with drafts.
 
     python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8 \
         --engines ct2 auto
@@ -66,8 +66,11 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
 
 
 def start_server(model: str, port: int, threads: int, engine: str) -> subprocess.Popen:
+    """``engine``: ENGINE[+padSECONDS] (serve's --engine and --pad)."""
+    name, *pad = engine.split("+pad")
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
-           str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", engine]
+           str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", name,
+           *(["--pad", pad[0]] if pad else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
@@ -119,7 +122,7 @@ def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
     stats = served["decoder"]
     decode_s = stats["encoder_s"] + stats["decoder_s"]
     return {
-        "model": model, "engine": served["engine"], "asked_engine": engine, "clients": n,
+        "model": model, "engine": engine.replace("auto", served["engine"]), "clients": n,
         "first_partial_p50": percentile(first, 50), "first_partial_p95": percentile(first, 95),
         "commit_p50": percentile(commits, 50), "commit_p95": percentile(commits, 95),
         "utt_final_p50": percentile(utt, 50), "utt_final_p95": percentile(utt, 95),

@@ -1,4 +1,5 @@
-"""VAD filtering on a long file with gaps: faster-whisper vs audiofast, VAD off and on.
+"""VAD filtering and hallucination skipping on a long file with gaps: faster-whisper vs
+audiofast, VAD off/on, hallucination silence threshold off/on.
 
 The file (no such recording ships offline, so it is assembled): the four real clips, with
 gaps between them of silence, white noise at -30 dB, synthetic music (chords and drums from
@@ -6,7 +7,7 @@ the SA3 proving ground's synthesizer) and music under noise. Rows: wall time (me
 ``--runs``, model loaded), WER against the clips' references joined, and *invented words*:
 insertions, the words a model wrote that nobody said (Whisper's hallucinations on gaps).
 
-    python scripts/bench_vad.py [--model whisper-base] [--runs 3]
+    python scripts/bench_vad.py [--model whisper-base] [--runs 3] [--threshold 2]
 
 Writes a markdown table and JSON beside ``--out``.
 """
@@ -17,40 +18,15 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jiwer
-import numpy as np
 
 import audiofast  # noqa: F401  (before torch: sets GOMP_SPINCOUNT)
-from audiofast.audio import SAMPLE_RATE, load_audio
-from audiofast.eval.datasets import real_speech_clips
+from audiofast.audio import SAMPLE_RATE
+from audiofast.eval.gappy import gappy_file
 from audiofast.eval.wer import normalize
-
-
-def gap(kind: str, seconds: float, rng: np.random.Generator) -> np.ndarray:
-    from audiofast.diffusion.synth_data import render_drums, render_tone
-
-    n = int(seconds * SAMPLE_RATE)
-    if kind == "silence":
-        return np.zeros(n, np.float32)
-    noise = (0.03 * rng.standard_normal(n)).astype(np.float32)
-    if kind == "noise":
-        return noise
-    music = 0.3 * render_tone("saw", (57, 61, 64), seconds, SAMPLE_RATE)[:n] + \
-        0.3 * render_drums(100, seconds, SAMPLE_RATE, rng)[:n]
-    return (music + (noise if kind == "music+noise" else 0)).astype(np.float32)
-
-
-def gappy_file() -> tuple[np.ndarray, str]:
-    rng = np.random.default_rng(0)
-    clips = real_speech_clips()
-    parts, refs = [], []
-    for clip, kind in zip(clips, ["silence", "noise", "music", "music+noise"], strict=True):
-        parts += [gap(kind, 15.0, rng), load_audio(clip.audio)]
-        refs.append(clip.reference)
-    parts.append(gap("music", 10.0, rng))
-    return np.concatenate(parts), " ".join(refs)
 
 
 def scores(reference: str, text: str) -> dict:
@@ -63,6 +39,8 @@ def main() -> None:
     parser.add_argument("--model", default="whisper-base")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threshold", type=float, default=2.0,
+                        help="hallucination silence threshold for its rows (seconds)")
     parser.add_argument("--out", type=Path, default=Path("results/bench_vad.json"))
     args = parser.parse_args()
 
@@ -77,15 +55,23 @@ def main() -> None:
     ours = audiofast.load_model(args.model, threads=args.threads)
     options = DecodingOptions(language="en", window_pad=None)  # 30 s windows, as faster-whisper
 
-    def fw_run(vad: bool) -> str:
-        segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=vad)
+    def fw_run(vad: bool, threshold: float | None) -> str:
+        segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=vad,
+                                    word_timestamps=threshold is not None,
+                                    hallucination_silence_threshold=threshold)
         return "".join(s.text for s in segments)
 
-    rows = {f"faster-whisper, VAD {'on' if v else 'off'}": (lambda v=v: fw_run(v))
-            for v in (False, True)}
-    rows |= {f"audiofast, VAD {'on' if v else 'off'}":
-             (lambda v=v: ours.transcribe(audio, options, False, vad_filter=v).text)
-             for v in (False, True)}
+    def ours_run(vad: bool, threshold: float | None) -> str:
+        return ours.transcribe(audio, replace(options, hallucination_silence_threshold=threshold),
+                               False, vad_filter=vad).text
+
+    settings = [(False, None), (True, None), (False, args.threshold), (True, args.threshold)]
+    rows = {}
+    for engine, run in (("faster-whisper", fw_run), ("audiofast", ours_run)):
+        for vad, threshold in settings:
+            name = f"{engine}, VAD {'on' if vad else 'off'}, hallucination threshold " + \
+                ("off" if threshold is None else f"{threshold:g} s")
+            rows[name] = lambda run=run, vad=vad, threshold=threshold: run(vad, threshold)
     walls: dict[str, list[float]] = {name: [] for name in rows}
     texts: dict[str, str] = {}
     for name, run in rows.items():  # warm-up

@@ -13,6 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from audiofast.asr.options import DecodingOptions
 from audiofast.audio import load_audio
 from audiofast.eval.tts import synthesize
 from audiofast.eval.wer import wer
@@ -127,6 +128,30 @@ def test_session_finals_match_offline_transcript(engine, base, live, clips):
         assert len(text.split()) == len(offline.split())  # nothing committed twice
         starts = [e["start"] for e in finals]
         assert starts == sorted(starts)
+        for e in finals:  # timed words spell the final, inside its span, in order
+            assert "".join(w["w"] for w in e["words"]) == "".join(e["text"].split())
+            assert all(e["start"] <= w["start"] <= w["end"] <= e["end"] for w in e["words"])
+            assert [w["start"] for w in e["words"]] == sorted(w["start"] for w in e["words"])
+            assert all(0 <= w["p"] <= 1 for w in e["words"])
+
+
+def test_stream_word_times_follow_the_offline_words(live, clips):
+    """The words of a stream's finals (aligned on each live buffer) start within 0.3 s of
+    the same words timed offline on 30 s windows, for >= 85% of them."""
+    import difflib
+
+    audio = load_audio(clips["beckett"].audio)
+    finals, _ = run_session(StreamDecoder(live), audio)
+    streamed = [w for e in finals for w in e["words"]]
+    offline = [w for s in live.transcribe(
+        audio, DecodingOptions(language="en", word_timestamps=True)).segments for w in s.words]
+    norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
+    pairs = [(streamed[b.a + k], offline[b.b + k]) for b in difflib.SequenceMatcher(
+        None, [norm(w["w"]) for w in streamed], [norm(w.word) for w in offline]
+    ).get_matching_blocks() for k in range(b.size)]
+    assert len(pairs) >= 0.9 * len(offline)
+    close = sum(abs(s["start"] - o.start) <= 0.3 for s, o in pairs)
+    assert close >= 0.85 * len(pairs), [(s["w"], s["start"], o.start) for s, o in pairs]
 
 
 def test_previous_hypothesis_draft_is_lossless_and_saves_calls(live, clips):

@@ -100,6 +100,9 @@ def transcribe_batched(
         raise ValueError(f"chunk_length must be in (0, 30] seconds, not {options.chunk_length}")
     if options.batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {options.batch_size}")
+    if options.word_timestamps or options.hallucination_silence_threshold is not None:
+        raise ValueError("word timestamps (and the hallucination threshold) need Whisper's "
+                         "sequential loop: use batch size 0")
     tok = runtime.tokenizer
     duration = len(audio) / SAMPLE_RATE
     mel = log_mel_spectrogram(audio, runtime.n_mels, padding=N_SAMPLES)  # as longform.py

@@ -15,6 +15,7 @@ from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Transcription
 from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
 from audiofast.asr.vocab_diet import VOCAB_MAP_FILE, DietVocab
+from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH
 from audiofast.audio import AudioSource, load_audio
 from audiofast.models import resolve_model
 
@@ -83,6 +84,16 @@ class CT2Whisper:
         # read language logits; the fast engine (our decoder) detects languages of any model.
         raise ValueError("CTranslate2 cannot detect the language with a vocab-diet model: "
                          "pass --language, or use --engine fast")
+
+    def align(self, encoded: ctranslate2.StorageView, sot_sequence: list[int],
+              text_tokens: list[int], num_frames: int):
+        """CTranslate2's cross-attention alignment (DTW over the alignment heads) of a
+        window's text tokens: word timing's input (word_timing.py)."""
+        if self.vocab is not None:
+            sot_sequence = self.vocab.map_ids(sot_sequence)
+            text_tokens = self.vocab.map_ids(self.vocab.encode(text_tokens))
+        return self.model.align(encoded, sot_sequence, [text_tokens], num_frames,
+                                median_filter_width=MEDIAN_FILTER_WIDTH)[0]
 
     def decode(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,9 +23,11 @@ from audiofast.asr.features import (
     log_mel_spectrogram,
     pad_or_trim,
 )
+from audiofast.asr.hallucination import find_hallucination
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Segment, Transcription
+from audiofast.asr.word_timing import trim_pauses, words_from_alignment
 from audiofast.audio import SAMPLE_RATE
 
 FRAMES_PER_TIMESTAMP = round(TIME_PER_TIMESTAMP * FRAMES_PER_SECOND)  # 2 mel frames
@@ -51,6 +53,9 @@ class WindowDecoder(Protocol):
     def decode(
         self, encoded: Any, prompt: list[int], options: DecodingOptions, temperature: float
     ) -> WindowResult: ...
+
+    def align(self, encoded: Any, sot_sequence: list[int], text_tokens: list[int],
+              num_frames: int) -> Any: ...
 
 
 def compression_ratio(text: str) -> float:
@@ -174,6 +179,24 @@ def accept_window(
     return consumed
 
 
+def time_words(runtime: WindowDecoder, encoded: Any, segments: list[Segment],
+               window_frames: int, seek: int, sot_sequence: list[int]) -> None:
+    """Set ``words`` on a window's new segments (word_timing.py)."""
+    joined = [t for s in segments for t in s.tokens if t < runtime.tokenizer.eot]
+    if not joined:
+        return
+    alignment = runtime.align(encoded, sot_sequence, joined, window_frames)
+    per_segment = words_from_alignment(alignment, runtime.tokenizer,
+                                       [s.tokens for s in segments], seek / FRAMES_PER_SECOND)
+    window_end = (seek + window_frames) / FRAMES_PER_SECOND  # the path may run into padding
+    timed = trim_pauses([replace(w, start=min(w.start, window_end), end=min(w.end, window_end))
+                         for words in per_segment for w in words])
+    for segment, words in zip(segments, per_segment, strict=True):
+        segment.words, timed = timed[: len(words)], timed[len(words):]
+        if words:  # the words' times are finer than the timestamp tokens'
+            segment.start, segment.end = segment.words[0].start, segment.words[-1].end
+
+
 def given_language(tok: WhisperTokenizer, options: DecodingOptions) -> str | None:
     """The language to decode in before any detection: the one asked for, "en" on an
     English-only model (which refuses any other), None to detect."""
@@ -239,8 +262,26 @@ def transcribe_audio(
         stats["windows"] += 1
         stats["tokens"] += len(result.tokens) + 1  # + end-of-text
 
+        first_new, history_length = len(segments), len(history)
         consumed = accept_window(result, tok, seek, window_frames, duration, options,
                                  history, segments)
+        threshold = options.hallucination_silence_threshold
+        if (options.word_timestamps or threshold is not None) and len(segments) > first_new:
+            t0 = time.perf_counter()
+            time_words(runtime, encoded, segments[first_new:], window_frames, seek,
+                       tok.sot_sequence(language, options.task, timestamps=True))
+            stats["align_s"] = stats.get("align_s", 0.0) + time.perf_counter() - t0
+        if threshold is not None and len(segments) > first_new:
+            start = seek / FRAMES_PER_SECOND
+            k = find_hallucination(segments[first_new:], start,
+                                   start + window_frames / FRAMES_PER_SECOND, threshold)
+            if k is not None:  # drop it and what followed; decode on from its end
+                bad = segments[first_new + k]
+                del segments[first_new + k:]
+                del history[history_length:]
+                history += [t for s in segments[first_new:] for t in s.tokens]
+                consumed = max(1, round(bad.end * FRAMES_PER_SECOND) - seek)
+                stats["hallucinations_skipped"] = stats.get("hallucinations_skipped", 0) + 1
         seek += consumed
         bar.update(round(min(seek, content_frames) / FRAMES_PER_SECOND - bar.n, 2))
     bar.close()

@@ -25,6 +25,10 @@ class DecodingOptions:
     max_initial_timestamp: float = 1.0  # seconds
     suppress_blank: bool = True
     suppress_tokens: tuple[int, ...] = (-1,)  # -1: the model's own list (config.json)
+    word_timestamps: bool = False  # each segment's words timed by cross-attention (DTW)
+    # Seconds: a segment whose timed words look unlike speech, next to a silence longer than
+    # this, is taken for a hallucination and skipped (hallucination.py; times words).
+    hallucination_silence_threshold: float | None = None
     max_new_tokens: int = 224  # Whisper's text context is 448 and the prompt takes up to half
     # Seconds of silence after a window's audio when it is shorter than 30 s (the last window,
     # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s

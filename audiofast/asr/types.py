@@ -6,6 +6,14 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class Word:
+    start: float  # seconds
+    end: float
+    word: str  # with its leading space, as Whisper spells it
+    probability: float  # mean probability of its tokens in the forced decode
+
+
+@dataclass
 class Segment:
     id: int
     seek: int  # mel frame where the window that produced it started
@@ -17,6 +25,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     temperature: float
+    words: list[Word] | None = None  # with word_timestamps (word_timing.py)
 
 
 @dataclass

@@ -93,8 +93,11 @@ def transcribe_speech(transcribe: Callable[[np.ndarray], Transcription], audio: 
         return Transcription([], "en", 0.0, duration, stats)
     result = transcribe(np.concatenate([audio[s:e] for s, e in regions]))
     to_original = TimeMap(regions)
-    segments = [dataclasses.replace(seg, start=to_original(seg.start),
-                                    end=to_original(seg.end, end=True))
-                for seg in result.segments]
+    segments = [dataclasses.replace(
+        seg, start=to_original(seg.start), end=to_original(seg.end, end=True),
+        words=None if seg.words is None else [
+            dataclasses.replace(w, start=to_original(w.start), end=to_original(w.end, end=True))
+            for w in seg.words])
+        for seg in result.segments]
     return dataclasses.replace(result, segments=segments, duration=duration,
                                stats=result.stats | stats)

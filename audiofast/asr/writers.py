@@ -27,21 +27,30 @@ def to_txt(result: Transcription) -> str:
     return "".join(f"{s.text.strip()}\n" for s in result.segments)
 
 
+def cues(result: Transcription) -> list[tuple[float, float, str]]:
+    """Subtitle cues: one per word where words are timed (``word_timestamps``), else one per
+    segment."""
+    out = []
+    for s in result.segments:
+        if s.words:
+            out += [(w.start, w.end, w.word.strip()) for w in s.words]
+        else:
+            out.append((s.start, s.end, s.text.strip()))
+    return out
+
+
 def to_srt(result: Transcription) -> str:
     blocks = []
-    for i, s in enumerate(result.segments, start=1):
-        start = format_timestamp(s.start, ",", always_hours=True)
-        end = format_timestamp(s.end, ",", always_hours=True)
-        blocks.append(f"{i}\n{start} --> {end}\n{s.text.strip()}\n")
+    for i, (start, end, text) in enumerate(cues(result), start=1):
+        blocks.append(f"{i}\n{format_timestamp(start, ',', always_hours=True)} --> "
+                      f"{format_timestamp(end, ',', always_hours=True)}\n{text}\n")
     return "\n".join(blocks)
 
 
 def to_vtt(result: Transcription) -> str:
-    cues = [
-        f"{format_timestamp(s.start)} --> {format_timestamp(s.end)}\n{s.text.strip()}\n"
-        for s in result.segments
-    ]
-    return "WEBVTT\n\n" + "\n".join(cues)
+    return "WEBVTT\n\n" + "\n".join(
+        f"{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n"
+        for start, end, text in cues(result))
 
 
 def to_json(result: Transcription) -> str:

@@ -44,6 +44,12 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-model", type=Path, default=None,
                    help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time every word from the model's cross-attention: words with "
+                   "probabilities in json, one subtitle cue per word in srt/vtt")
+    p.add_argument("--hallucination-silence-threshold", type=float, default=None,
+                   metavar="SECONDS", help="skip a segment that looks hallucinated (unsure, "
+                   "oddly timed words) next to a silence longer than SECONDS (times words)")
     p.add_argument("--initial-prompt", default=None)
     p.add_argument("--vad", action="store_true",
                    help="decode only the speech silero VAD finds (long silences, music and "
@@ -121,6 +127,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
         window_pad=args.window_pad, batch_size=args.batch_size, chunk_length=args.chunk_length,
+        word_timestamps=args.word_timestamps,
+        hallucination_silence_threshold=args.hallucination_silence_threshold,
     )
     model = load_model(args.model, args.engine, threads=args.threads,
                        compute_type=args.compute_type, precision=args.precision,

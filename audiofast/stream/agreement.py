@@ -63,6 +63,25 @@ def token_spans(tokens: list[int], tokenizer: WhisperTokenizer,
     return spans
 
 
+def aligned_spans(tokens: list[int], tokenizer: WhisperTokenizer, text_times: list[float],
+                  duration: float) -> list[tuple[float, float]]:
+    """(start, end) seconds for every token from the model's own alignment: ``text_times``
+    holds each text token's start (cross-attention DTW, word_timing.py) and then the end of
+    the last one; timestamp tokens keep their own time."""
+    ts_begin = tokenizer.timestamp_begin
+    spans, k = [], 0
+    for token in tokens:
+        if token >= ts_begin:
+            time = (token - ts_begin) * TIME_PER_TIMESTAMP
+            spans.append((time, time))
+        else:
+            start = text_times[min(k, len(text_times) - 1)]
+            end = text_times[min(k + 1, len(text_times) - 1)]
+            spans.append((min(start, duration), min(max(end, start), duration)))
+            k += 1
+    return spans
+
+
 def shift_timestamps(tokens: list[int], tokenizer: WhisperTokenizer, seconds: float) -> list[int]:
     """Move timestamp tokens earlier by ``seconds`` (after the buffer start moved later)."""
     ts_begin, steps = tokenizer.timestamp_begin, round(seconds / TIME_PER_TIMESTAMP)

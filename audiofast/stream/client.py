@@ -4,6 +4,7 @@ the events with the time each arrived."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from audiofast.audio import SAMPLE_RATE, AudioSource, load_audio
 
@@ -84,16 +86,25 @@ class StreamClient:
 async def stream_audio(url: str, audio: np.ndarray, speed: float = 1.0, chunk_s: float = 0.1,
                        token: str | None = None, language: str | None = "en",
                        on_event: Callable[[dict[str, Any]], None] | None = None,
-                       timeout: float = 120.0) -> StreamResult:
-    """Send 16 kHz audio in ``chunk_s`` frames paced at ``speed`` x real time."""
+                       timeout: float = 120.0, until_closed: bool = False) -> StreamResult:
+    """Send 16 kHz audio in ``chunk_s`` frames paced at ``speed`` x real time.
+    ``until_closed``: if the server ends the session early (``overloaded``, ``busy``...),
+    stop sending and return what arrived instead of raising."""
     chunk = int(chunk_s * SAMPLE_RATE)
     async with StreamClient(url, token, language, on_event=on_event) as client:
-        for i, start in enumerate(range(0, len(audio), chunk)):
-            await client.send(audio[start:start + chunk])
-            if speed > 0:
-                due = client.t0 + (i + 1) * chunk_s / speed
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        return await client.end(timeout)
+        try:
+            for i, start in enumerate(range(0, len(audio), chunk)):
+                await client.send(audio[start:start + chunk])
+                if speed > 0:
+                    due = client.t0 + (i + 1) * chunk_s / speed
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            return await client.end(timeout)
+        except ConnectionClosed:
+            if not until_closed:
+                raise
+            with contextlib.suppress(TimeoutError, ConnectionClosed):
+                await asyncio.wait_for(asyncio.shield(client._reader), 5)
+            return client.result
 
 
 def stream_file(path: AudioSource, url: str, speed: float = 1.0, **kwargs: Any) -> StreamResult:

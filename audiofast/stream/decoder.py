@@ -34,6 +34,7 @@ from audiofast.asr.decoding import LogitRules, greedy_decode
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import compression_ratio
+from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH, token_times
 from audiofast.audio import SAMPLE_RATE
 
 MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop
@@ -56,6 +57,10 @@ class Hypothesis:
     no_speech_prob: float
     avg_logprob: float
     full_window: bool  # True when the loop guard re-decoded it at 30 s
+    # With word timing: each text token's start (seconds from the buffer start) and then the
+    # end of the last, and each text token's probability, from cross-attention alignment.
+    text_times: list[float] | None = None
+    text_probs: list[float] | None = None
 
 
 class StreamDecoder:
@@ -65,7 +70,8 @@ class StreamDecoder:
     CTranslate2; the fast and auto runtimes decode on the owned decoder (auto: where the
     kernels are built). ``draft``: verify the previous hypothesis as a draft (fast only)."""
 
-    def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True):
+    def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
+                 word_timing: bool = True):
         from audiofast.asr.options import DecodingOptions
 
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
@@ -77,11 +83,12 @@ class StreamDecoder:
         self.spec = self.ct2.resolved.spec
         self.pad_s = pad_s
         self.draft = draft and self.fast is not None
+        self.word_timing = word_timing
         self.suppress = self.tokenizer.suppressed_tokens((-1,), self.ct2.default_suppress_ids)
         # Where decode time goes, and (owned decoder) tokens per decoder call: the drafts'
         # effect. CTranslate2's generate makes one call per step: its calls are its tokens.
-        self.stats = {"encoder_s": 0.0, "decoder_s": 0.0, "windows": 0, "tokens": 0,
-                      "decoder_calls": 0, "drafted": 0, "accepted": 0}
+        self.stats = {"encoder_s": 0.0, "decoder_s": 0.0, "align_s": 0.0, "windows": 0,
+                      "tokens": 0, "decoder_calls": 0, "drafted": 0, "accepted": 0}
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
@@ -127,8 +134,36 @@ class StreamDecoder:
         self.stats["encoder_s"] += t1 - t0
         self.stats["windows"] += len(requests)
         hyps = self._generate(requests, encoded)
-        self.stats["decoder_s"] += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.stats["decoder_s"] += t2 - t1
+        if self.word_timing:
+            self._align(requests, hyps, encoded, frames)
+            self.stats["align_s"] += time.perf_counter() - t2
         return hyps
+
+    def _align(self, requests: list[DecodeRequest], hyps: list[Hypothesis],
+               encoded: ctranslate2.StorageView, frames: int) -> None:
+        """Time every hypothesis's text tokens by cross-attention alignment (CTranslate2's
+        ``align``: DTW over the alignment heads), one call per language in the batch."""
+        tok = self.tokenizer
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
+            if any(t < tok.eot for t in hyp.tokens):
+                sot = tok.sot_sequence(request.language, request.task, timestamps=True)
+                groups.setdefault(tuple(sot), []).append(i)
+        for sot, members in groups.items():
+            part = encoded if len(members) == len(requests) else \
+                ctranslate2.StorageView.from_array(np.asarray(encoded)[members])
+            texts = [[t for t in hyps[i].tokens if t < tok.eot] for i in members]
+            num_frames = [min(frames, len(requests[i].audio) * FRAMES_PER_SECOND // SAMPLE_RATE)
+                          for i in members]
+            results = self.ct2.model.align(part, list(sot), texts, num_frames,
+                                           median_filter_width=MEDIAN_FILTER_WIDTH)
+            for i, text, result in zip(members, texts, results, strict=True):
+                times = token_times(result).tolist()
+                if times:  # one start per text token, then the end of the last
+                    hyps[i].text_times = (times + times[-1:] * len(text))[: len(text) + 1]
+                    hyps[i].text_probs = list(result.text_token_probs)[: len(text)]
 
     def _generate(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView
                   ) -> list[Hypothesis]:

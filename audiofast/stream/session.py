@@ -21,6 +21,7 @@ import numpy as np
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.stream.agreement import (
     agreed_length,
+    aligned_spans,
     last_segment_end,
     shift_timestamps,
     starts_word,
@@ -164,7 +165,9 @@ class StreamSession:
         if done is None:
             utt.decoded_to = end
             return []
-        spans = token_spans(tokens, tok, duration)
+        spans = aligned_spans(tokens, tok, hyp.text_times, duration) if hyp.text_times \
+            else token_spans(tokens, tok, duration)
+        probs = _token_probs(tokens, tok, hyp.text_probs)
         tail = tokens[done:]
         if forced:
             agreed = len(tail)
@@ -174,7 +177,8 @@ class StreamSession:
             while agreed and (spans[done + agreed - 1][1] > limit
                               or not starts_word(tok, tail[agreed])):
                 agreed -= 1
-        events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed])
+        events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed],
+                             probs[done:done + agreed])
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
         if closed:
             self._retire(utt.committed)
@@ -212,16 +216,29 @@ class StreamSession:
             return starts[n] if n < len(starts) else len(tokens)
         return None
 
-    def _final(self, utt: Utterance, tokens: list[int],
-               spans: list[tuple[float, float]]) -> list[dict]:
-        text_at = [i for i, t in enumerate(tokens) if t < self.tokenizer.eot]
-        text = self.tokenizer.decode(tokens).strip()
+    def _final(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
+               probs: list[float | None]) -> list[dict]:
+        tok = self.tokenizer
+        text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
+        text = tok.decode(tokens).strip()
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
+        words, current = [], []
+        for i in text_at:  # a word starts at a space-led token (Whisper's BPE)
+            if current and starts_word(tok, tokens[i]):
+                words.append(current)
+                current = []
+            current.append(i)
+        words.append(current)
+        timed = [{"w": tok.decode([tokens[i] for i in word]).strip(),
+                  "start": round(offset + spans[word[0]][0], 3),
+                  "end": round(offset + spans[word[-1]][1], 3),
+                  "p": _mean([probs[i] for i in word])} for word in words]
         return [{"type": "final", "utterance": utt.index, "text": text,
                  "start": round(offset + spans[text_at[0]][0], 3),
-                 "end": round(offset + spans[text_at[-1]][1], 3)}]
+                 "end": round(offset + spans[text_at[-1]][1], 3),
+                 "words": [w for w in timed if w["w"]]}]
 
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
@@ -242,6 +259,22 @@ class StreamSession:
         self._last_partial = text
         return [{"type": "partial", "utterance": utt.index, "text": text,
                  "start": round(start, 3)}]
+
+
+def _token_probs(tokens: list[int], tok: WhisperTokenizer,
+                 text_probs: list[float] | None) -> list[float | None]:
+    """Each token's probability from the alignment (text tokens only; None elsewhere)."""
+    probs: list[float | None] = [None] * len(tokens)
+    if text_probs:
+        text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
+        for i, p in zip(text_at, text_probs, strict=False):
+            probs[i] = p
+    return probs
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
 
 
 def _norm(word: str) -> str:

@@ -1,0 +1,122 @@
+"""Word start/end times from the model's cross-attention (``--word-timestamps``).
+
+Whisper's timestamp tokens mark segments, 20 ms apart at best and often seconds long. Words
+are timed the way openai-whisper and faster-whisper do it: some of the decoder's
+cross-attention heads (the "alignment heads") follow the audio closely, so their attention
+from each text token over the encoder frames, median-filtered, is a cost matrix; dynamic time
+warping (DTW) through it gives each token the frame where the path first reaches it.
+CTranslate2's ``Whisper.align`` runs the forced decoding and the DTW in one call over the
+window's encoder output (whichever decoder wrote the text: the runtimes' ``align``); what is
+left here is turning token times into words: tokens grouped
+into words (a word starts with a space-led token), each word from its first token's time to
+the next word's, punctuation joined to its word, and times kept inside the segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audiofast.asr.tokenizer import WhisperTokenizer
+from audiofast.asr.types import Word
+
+ENCODER_FRAMES_PER_SECOND = 50  # the encoder halves the mel frame rate (100 per second)
+MEDIAN_FILTER_WIDTH = 7
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+SENTENCE_END = (".", "。", "!", "！", "?", "？")
+MAX_MEDIAN_WORD_S = 0.7
+
+
+def split_words(tokens: list[int], tokenizer: WhisperTokenizer) -> list[list[int]]:
+    """Text tokens grouped into words: a new word at each token whose text starts with
+    whitespace (Whisper's byte-level BPE puts the space before a word)."""
+    words: list[list[int]] = []
+    for token in tokens:
+        text = tokenizer.decode([token])
+        if not words or text[:1].isspace():
+            words.append([token])
+        else:
+            words[-1].append(token)
+    return words
+
+
+def merge_punctuation(words: list[str], starts: list[float], ends: list[float],
+                      probs: list[float]) -> tuple[list[str], list[float], list[float],
+                                                   list[float]]:
+    """Opening quotes/brackets join the next word, closing punctuation the previous one."""
+    out_w, out_s, out_e, out_p = [], [], [], []
+    carry = ""
+    for word, start, end, prob in zip(words, starts, ends, probs, strict=True):
+        if word.strip() and word.strip() in PREPEND_PUNCTUATION and not carry:
+            carry = word
+            continue
+        if out_w and word.strip() and all(c in APPEND_PUNCTUATION for c in word.strip()) \
+                and not word.startswith(" "):
+            out_w[-1] += word
+            out_e[-1] = end
+            continue
+        out_w.append(carry + word if carry else word)
+        out_s.append(start)
+        out_e.append(end)
+        out_p.append(prob)
+        carry = ""
+    return out_w, out_s, out_e, out_p
+
+
+def trim_pauses(words: list[Word]) -> list[Word]:
+    """A word ends where the next begins, so a pause goes to the word before it, and DTW
+    often starts the word after a pause early, inside it. As openai-whisper does: words
+    longer than twice the median (at most 0.7 s) lose the excess at a sentence's end (their
+    end) and at a sentence's start (their start)."""
+    durations = [w.end - w.start for w in words if w.end > w.start]
+    if not durations:
+        return words
+    longest = 2 * min(float(np.median(durations)), MAX_MEDIAN_WORD_S)
+    out = list(words)
+    for i, w in enumerate(out):
+        if w.end - w.start <= longest:
+            continue
+        if w.word.rstrip().endswith(SENTENCE_END):
+            out[i] = w = Word(w.start, round(w.start + longest, 3), w.word, w.probability)
+        starts_sentence = i == 0 or out[i - 1].word.rstrip().endswith(SENTENCE_END)
+        if starts_sentence and w.end - w.start > longest:
+            out[i] = Word(round(w.end - longest, 3), w.end, w.word, w.probability)
+    return out
+
+
+def token_times(alignment) -> np.ndarray:
+    """Seconds from the window start at which the DTW path first reaches each aligned text
+    token, then end-of-text (the last token's end)."""
+    pairs = np.asarray(alignment.alignments, dtype=np.int64).reshape(-1, 2)
+    jumps = np.diff(pairs[:, 0], prepend=-1) > 0
+    return pairs[jumps, 1] / ENCODER_FRAMES_PER_SECOND
+
+
+def words_from_alignment(alignment, tokenizer: WhisperTokenizer,
+                         segment_tokens: list[list[int]], time_offset: float
+                         ) -> list[list[Word]]:
+    """Words of each segment of one window, from CTranslate2's alignment of the window's text
+    tokens (all segments' text tokens joined, as :meth:`align` on a runtime returns it).
+
+    ``time_offset``: the window's start in seconds. A word runs from its first token's time
+    to the next word's (openai-whisper's convention: a pause after a word is part of it)."""
+    texts = [[t for t in tokens if t < tokenizer.eot] for tokens in segment_tokens]
+    token_probs = np.asarray(alignment.text_token_probs, dtype=np.float64)
+    jump_times = time_offset + token_times(alignment)
+    out: list[list[Word]] = []
+    first = 0  # index of the segment's first token among the window's text tokens
+    for text in texts:
+        groups = split_words(text, tokenizer)
+        bounds = np.cumsum([first] + [len(g) for g in groups])
+        first += len(text)
+        if not groups or not len(jump_times):
+            out.append([])
+            continue
+        times = [float(jump_times[min(i, len(jump_times) - 1)]) for i in bounds]
+        words, starts, ends, probs = merge_punctuation(
+            [tokenizer.decode(g) for g in groups], times[:-1], times[1:],
+            [float(token_probs[a:b].mean()) if b > a and b <= len(token_probs) else 0.0
+             for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        out.append([Word(round(start, 3), round(max(end, start), 3), word, round(prob, 4))
+                    for word, start, end, prob in zip(words, starts, ends, probs, strict=True)])
+    return out

@@ -1,0 +1,154 @@
+"""Word timestamps: words timed by cross-attention, on both decoders, in every output."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from audiofast.asr.options import DecodingOptions
+from audiofast.asr.types import Segment, Transcription, Word
+from audiofast.asr.word_timing import trim_pauses, words_from_alignment
+from audiofast.asr.writers import to_json, to_srt, to_vtt
+from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.tts import synthesize
+
+WORDS = DecodingOptions(language="en", word_timestamps=True)
+
+
+def norm(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum())
+
+
+def reference_words(runtime, clip) -> list[Word]:
+    """The reference text force-aligned to the clip on one standard 30 s window (words under
+    the same pause convention as transcriptions')."""
+    tok = runtime.tokenizer
+    audio = load_audio(clip.audio)
+    mel = log_mel_spectrogram(audio, runtime.n_mels)
+    frames = min(mel.shape[-1], N_FRAMES)
+    encoded = runtime.encode(pad_or_trim(mel[:, :frames]))
+    tokens = tok.encode(" " + " ".join(clip.reference.split()))
+    alignment = runtime.align(encoded, tok.sot_sequence("en", "transcribe", True), tokens, frames)
+    return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
+
+
+@pytest.mark.parametrize("engine", ["ct2", "fast"])
+def test_words_agree_with_a_forced_alignment_of_the_reference(engine, base, live, clips):
+    """On the real recordings that fit one window (a reference is aligned on one), >= 90% of
+    the words a transcription times start and end within 0.2 s of the same words in a
+    forced alignment of the reference text."""
+    runtime = base if engine == "ct2" else live.runtime_for(WORDS)
+    assert hasattr(runtime, "engine") == (engine == "fast")
+    matched = close = 0
+    for name in ("beckett", "clone-test", "endgame_nagg_nell"):
+        result = runtime.transcribe(clips[name].audio, WORDS)
+        words = [w for s in result.segments for w in s.words]
+        for segment in result.segments:  # the words spell the segment, inside its bounds
+            assert "".join(w.word for w in segment.words).strip() == segment.text.strip()
+            assert all(segment.start <= w.start <= w.end <= segment.end for w in segment.words)
+            assert all(0 <= w.probability <= 1 for w in segment.words)
+        starts = [w.start for w in words]
+        assert starts == sorted(starts) and words[-1].end <= result.duration
+        reference = reference_words(base, clips[name])
+        ours, theirs = [norm(w.word) for w in words], [norm(w.word) for w in reference]
+        blocks = difflib.SequenceMatcher(None, ours, theirs).get_matching_blocks()
+        pairs = [(words[b.a + k], reference[b.b + k]) for b in blocks for k in range(b.size)]
+        assert len(pairs) >= 0.9 * len(theirs), (ours, theirs)
+        matched += len(pairs)
+        close += sum(abs(a.start - b.start) <= 0.2 and abs(a.end - b.end) <= 0.2
+                     for a, b in pairs)
+    assert close >= 0.9 * matched, (close, matched)
+
+
+def test_words_around_an_inserted_silence_stay_on_their_side(live):
+    """Two spoken phrases with 2 s of silence between them: the words before the gap end
+    before it, the words after start after it (within 0.3 s): timing that follows the audio,
+    not the text's length."""
+    first = load_audio(synthesize("The river was cold and very wide.", "piper"))
+    second = load_audio(synthesize("Nobody wanted to swim across it.", "piper"))
+    gap = np.zeros(2 * SAMPLE_RATE, np.float32)
+    gap_start = len(first) / SAMPLE_RATE
+    gap_end = gap_start + 2.0
+    audio = np.concatenate([first, gap, second])
+    result = live.transcribe(audio, WORDS)
+    words = [w for s in result.segments for w in s.words]
+    texts = [norm(w.word) for w in words]
+    assert "wide" in texts and "nobody" in texts, texts
+    before, after = words[: texts.index("wide") + 1], words[texts.index("nobody"):]
+    assert max(w.end for w in before) <= gap_start + 0.3, before
+    assert min(w.start for w in after) >= gap_end - 0.3, after
+
+
+def test_word_outputs_json_srt_vtt():
+    words = [Word(0.5, 0.9, " Ever", 0.91), Word(0.9, 1.4, " tried.", 0.8)]
+    segment = Segment(0, 0, 0.5, 1.4, " Ever tried.", [1, 2], -0.2, 1.1, 0.01, 0.0, words)
+    plain = replace(segment, words=None)
+    result = Transcription([segment], "en", 1.0, 2.0)
+    data = json.loads(to_json(result))
+    assert data["segments"][0]["words"][1] == {"start": 0.9, "end": 1.4, "word": " tried.",
+                                               "probability": 0.8}
+    srt = to_srt(result)
+    assert "1\n00:00:00,500 --> 00:00:00,900\nEver\n" in srt
+    assert "2\n00:00:00,900 --> 00:00:01,400\ntried.\n" in srt
+    assert "00:00.900 --> 00:01.400\ntried.\n" in to_vtt(result)
+    assert to_srt(Transcription([plain], "en", 1.0, 2.0)).count("-->") == 1  # per segment
+
+
+def test_cli_word_timestamps_json(clips, capsys):
+    from audiofast import cli
+
+    assert cli.main(["transcribe", str(clips["clone-test"].audio), "--language", "en",
+                     "--word-timestamps", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    words = [w for s in data["segments"] for w in s["words"]]
+    assert len(words) == len(data["text"].split())
+    assert all(w["end"] >= w["start"] for w in words)
+
+
+def test_word_timestamps_refuse_batched_chunks(base, clips):
+    with pytest.raises(ValueError, match="sequential loop"):
+        base.transcribe(clips["clone-test"].audio, replace(WORDS, batch_size=4))
+
+
+def _segment(start: float, end: float, words: list[tuple[float, float, str, float]]) -> Segment:
+    timed = [Word(*w) for w in words]
+    text = "".join(w.word for w in timed)
+    return Segment(0, 0, start, end, text, [], -0.5, 1.2, 0.1, 0.0, timed)
+
+
+def test_hallucination_rule_needs_odd_words_and_a_long_silence():
+    from audiofast.asr.hallucination import find_hallucination, is_anomalous
+
+    speech = _segment(0.0, 2.0, [(0.0, 0.5, " Ever", 0.9), (0.5, 1.0, " tried.", 0.8)])
+    odd = _segment(9.0, 12.0, [(9.0, 9.02, " Thank", 0.05), (9.02, 12.0, " you.", 0.1)])
+    assert not is_anomalous(speech) and is_anomalous(odd)
+    assert find_hallucination([speech, odd], 0.0, 30.0, threshold=2.0) == 1  # 7 s of silence
+    assert find_hallucination([speech, odd], 0.0, 30.0, threshold=20.0) is None
+    late_speech = _segment(2.5, 4.0, [(2.5, 3.0, " No", 0.9), (3.0, 4.0, " matter.", 0.9)])
+    close_odd = _segment(4.1, 5.0, [(4.1, 4.11, " uh", 0.05)])
+    assert find_hallucination([speech, late_speech, close_odd], 0.0, 5.5, 2.0) is None
+
+
+def test_hallucination_threshold_keeps_the_speech_on_a_file_with_gaps(live):
+    """The gappy file (real clips between silence, noise and music): with the threshold, no
+    word a listener heard is lost, and no more words are invented than without it."""
+    import jiwer
+
+    from audiofast.eval.gappy import gappy_file
+    from audiofast.eval.wer import normalize
+
+    audio, reference = gappy_file()
+    counts = {}
+    for threshold in (None, 2.0):
+        options = replace(DecodingOptions(language="en", window_pad=None),
+                          hallucination_silence_threshold=threshold)
+        result = live.transcribe(audio, options)
+        assert all(s.words is not None for s in result.segments) or threshold is None
+        counts[threshold] = jiwer.process_words(normalize(reference), normalize(result.text))
+    assert counts[2.0].insertions <= counts[None].insertions
+    assert counts[2.0].wer <= counts[None].wer + 0.005, (counts[2.0].wer, counts[None].wer)
