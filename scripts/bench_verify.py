@@ -25,15 +25,18 @@ from audiofast.audio import load_audio
 from audiofast.eval.datasets import real_speech_clips
 
 
-def time_call(engine, tokens: torch.Tensor, start: int, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls (after one warm-up)."""
-    engine(tokens, start, rowwise=True)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        engine(tokens, start, rowwise=True)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def time_calls(engine, calls: dict[int, torch.Tensor], start: int, repeats: int
+               ) -> dict[int, float]:
+    """Median seconds per call for each row count, the counts interleaved in every repeat
+    (so drift in machine load hits all alike), after one warm-up each."""
+    times: dict[int, list[float]] = {rows: [] for rows in calls}
+    for repeat in range(repeats + 1):
+        for rows, tokens in calls.items():
+            t0 = time.perf_counter()
+            engine(tokens, start, rowwise=True)
+            if repeat:
+                times[rows].append(time.perf_counter() - t0)
+    return {rows: statistics.median(ts) for rows, ts in times.items()}
 
 
 def main() -> None:
@@ -42,7 +45,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--frames", nargs="+", type=int, default=[500, 1000, 1500])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("results/bench_verify.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,10 +60,10 @@ def main() -> None:
     for frames in args.frames:
         engine.set_audio(runtime.encode(pad_or_trim(mel, frames)))
         engine(torch.tensor(prompt), 0)  # the cache holds a prompt, as in decoding
-        one = None
-        for rows in args.rows:
-            seconds = time_call(engine, torch.tensor(text[:rows]), len(prompt), args.repeats)
-            one = one or seconds
+        medians = time_calls(engine, {rows: torch.tensor(text[:rows]) for rows in args.rows},
+                             len(prompt), args.repeats)
+        one = medians[args.rows[0]]
+        for rows, seconds in medians.items():
             results.append({"frames": frames, "rows": rows, "ms": 1000 * seconds,
                             "ratio": seconds / one})
             print(f"{frames:6d} {rows:4d} {1000 * seconds:8.2f} {seconds / one:8.2f} "

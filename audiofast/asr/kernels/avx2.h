@@ -74,71 +74,43 @@ inline void gelu(float* x, int64_t n) {
   }
 }
 
-// One head's attention of R pre-scaled queries q[r] (64 each) over the same n keys and values
-// (n x 64, float or fp16 widened as read), into out[r] (64); scores[r] needs n (+ 7) floats.
-// Each frame's key and value are read once for all R queries (a draft's rows share a window),
-// and every query's arithmetic is exactly that of attending alone: the same operations in the
-// same order, so a row's result does not depend on R.
-template <int R, typename T>
-void attend_rows(const float* const* q, const T* keys, const T* values, int64_t n,
-                 float* const* scores, float* const* out) {
-  float top[R];
-  for (int r = 0; r < R; ++r) top[r] = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    const T* row = keys + t * kHeadDim;
-    __m256 k[8];
-    for (int i = 0; i < 8; ++i) k[i] = load8(row + 8 * i);
-    for (int r = 0; r < R; ++r) {
-      __m256 a = _mm256_mul_ps(_mm256_loadu_ps(q[r]), k[0]);
-      __m256 b = _mm256_mul_ps(_mm256_loadu_ps(q[r] + 8), k[1]);
-      for (int i = 2; i < 8; i += 2) {
-        a = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * i), k[i], a);
-        b = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + 8 * i + 8), k[i + 1], b);
-      }
-      const float s = sum8(_mm256_add_ps(a, b));
-      scores[r][t] = s;
-      top[r] = s > top[r] ? s : top[r];
-    }
-  }
-  float inv[R];
-  for (int r = 0; r < R; ++r) {
-    for (int64_t t = n; t < ((n + 7) & ~int64_t{7}); ++t) scores[r][t] = -INFINITY;
-    const __m256 topv = _mm256_set1_ps(top[r]);
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; t += 8) {
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores[r] + t), topv));
-      _mm256_storeu_ps(scores[r] + t, e);
-      total = _mm256_add_ps(total, e);
-    }
-    inv[r] = 1.f / sum8(total);
-  }
-  // The values in four passes of 16 columns: R x 2 accumulators stay in registers, and a
-  // head's values (<= 192 KB) stay in L2 between passes.
-  for (int c = 0; c < kHeadDim; c += 16) {
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const T* row = values + t * kHeadDim + c;
-      const __m256 v0 = load8(row), v1 = load8(row + 8);
-      for (int r = 0; r < R; ++r) {
-        const __m256 p = _mm256_set1_ps(scores[r][t]);
-        acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256 iv = _mm256_set1_ps(inv[r]);
-      _mm256_storeu_ps(out[r] + c, _mm256_mul_ps(acc[r][0], iv));
-      _mm256_storeu_ps(out[r] + c + 8, _mm256_mul_ps(acc[r][1], iv));
-    }
-  }
-}
-
-// One query: attend_rows<1>.
+// One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float or
+// fp16 widened as read), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are
+// contiguous, so keys and values are read front to back once.
 template <typename T>
 void attend(const float* q, const T* keys, const T* values, int64_t n, float* scores,
             float* out) {
-  attend_rows<1>(&q, keys, values, n, &scores, &out);
+  __m256 qv[8];
+  for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
+  float top = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = keys + t * kHeadDim;
+    __m256 a = _mm256_mul_ps(qv[0], load8(row));
+    __m256 b = _mm256_mul_ps(qv[1], load8(row + 8));
+    for (int i = 2; i < 8; i += 2) {
+      a = _mm256_fmadd_ps(qv[i], load8(row + 8 * i), a);
+      b = _mm256_fmadd_ps(qv[i + 1], load8(row + 8 * i + 8), b);
+    }
+    scores[t] = sum8(_mm256_add_ps(a, b));
+    top = scores[t] > top ? scores[t] : top;
+  }
+  for (int64_t t = n; t < ((n + 7) & ~int64_t{7}); ++t) scores[t] = -INFINITY;
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), topv));
+    _mm256_storeu_ps(scores + t, e);
+    total = _mm256_add_ps(total, e);
+  }
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    const __m256 p = _mm256_set1_ps(scores[t]);
+    const T* row = values + t * kHeadDim;
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(row + 8 * i), acc[i]);
+  }
+  const __m256 inv = _mm256_set1_ps(1.f / sum8(total));
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
 }
 
 }  // namespace audiofast

@@ -1,13 +1,10 @@
-// Cross-attention of query rows over a window's fp16 keys and values (AVX2 + F16C).
+// Cross-attention of one query row over a window's fp16 keys and values (AVX2 + F16C).
 //
 // The decoder reads every encoder frame's K and V on every token: 36 MB in fp32 at 1500
 // frames, more than this CPU's L3, so a token's attention is a pass over DRAM. Stored in
 // fp16 that pass halves; widening them with a separate op first wrote the fp32 copy back
 // out and saved nothing, so here each frame is widened in registers as it is used.
 #include "cross_attention.h"
-
-#include <algorithm>
-#include <vector>
 
 #include "avx2.h"
 #include "pool.h"
@@ -23,30 +20,12 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const tor
   const int64_t frames = keys.size(1), d = heads * kHeadDim;
   const auto* k = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::Half>());
   const auto* v = reinterpret_cast<const uint16_t*>(values.data_ptr<at::Half>());
-  // Tasks are (head, group of up to kGroup rows): a group's rows read the head's K/V once.
-  constexpr int64_t kGroup = 4;
-  const int64_t groups = (rows + kGroup - 1) / kGroup;
-  parallel_for(heads * groups, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(kGroup * (frames + 8));
+  parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(frames + 8);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t h = t / groups, m0 = (t % groups) * kGroup;
-      const int64_t count = std::min(kGroup, rows - m0);
-      const float* qs[kGroup];
-      float* outs[kGroup];
-      float* ss[kGroup];
-      for (int64_t r = 0; r < count; ++r) {
-        qs[r] = q + (m0 + r) * d + h * kHeadDim;
-        outs[r] = out + (m0 + r) * d + h * kHeadDim;
-        ss[r] = scores.data() + r * (frames + 8);
-      }
-      const uint16_t* kh = k + h * frames * kHeadDim;
-      const uint16_t* vh = v + h * frames * kHeadDim;
-      switch (count) {
-        case 1: attend_rows<1>(qs, kh, vh, frames, ss, outs); break;
-        case 2: attend_rows<2>(qs, kh, vh, frames, ss, outs); break;
-        case 3: attend_rows<3>(qs, kh, vh, frames, ss, outs); break;
-        default: attend_rows<4>(qs, kh, vh, frames, ss, outs); break;
-      }
+      const int64_t m = t / heads, h = t % heads;
+      attend(q + m * d + h * kHeadDim, k + h * frames * kHeadDim, v + h * frames * kHeadDim,
+             frames, scores.data(), out + m * d + h * kHeadDim);
     }
   });
 }
