@@ -6,10 +6,12 @@ cross-attention heads (the "alignment heads") follow the audio closely, so their
 from each text token over the encoder frames, median-filtered, is a cost matrix; dynamic time
 warping (DTW) through it gives each token the frame where the path first reaches it.
 CTranslate2's ``Whisper.align`` runs the forced decoding and the DTW in one call over the
-window's encoder output (whichever decoder wrote the text: the runtimes' ``align``); what is
-left here is turning token times into words: tokens grouped
-into words (a word starts with a space-led token), each word from its first token's time to
-the next word's, punctuation joined to its word, and times kept inside the segment.
+window's encoder output (whichever decoder wrote the text: the runtimes' ``align``). What is
+left here is turning token times into words: tokens grouped into words (a word starts with a
+space-led token), each word from its first token's time to the next word's, punctuation
+joined to its word, and pauses trimmed from over-long words (:func:`trim_pauses`); the
+long-form loop then sets each segment's bounds from its words (the timestamp tokens are 20 ms
+steps the model often rounds to whole seconds).
 """
 
 from __future__ import annotations

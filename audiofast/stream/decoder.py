@@ -1,6 +1,6 @@
 """Batched decoding of live audio buffers on CTranslate2.
 
-Three things make streaming affordable on a small CPU:
+What makes streaming affordable on a small CPU:
 
 - **No 30 s padding.** A buffer of d seconds is encoded as d + ``pad_s`` seconds of input
   (silence appended), not 30 s: the encoder cost falls with the frames. Whisper was trained
@@ -17,6 +17,9 @@ Three things make streaming affordable on a small CPU:
   kernels are built, with the previous hypothesis's uncommitted tokens as the draft
   (drafters/hypothesis.py): verified losslessly, so the text is plain greedy's, in fewer
   decoder calls. CTranslate2's ``generate`` decodes where the kernels cannot run.
+
+Every hypothesis's text tokens are then timed by cross-attention alignment (word_timing.py),
+for the session's commit margin and the words of its ``final`` events.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from audiofast.asr.decoding import LogitRules, greedy_decode
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import compression_ratio
+from audiofast.asr.options import DecodingOptions
 from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH, token_times
 from audiofast.audio import SAMPLE_RATE
 
@@ -72,8 +76,6 @@ class StreamDecoder:
 
     def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
                  word_timing: bool = True):
-        from audiofast.asr.options import DecodingOptions
-
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
             runtime = runtime.runtime_for(DecodingOptions())
         self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
