@@ -30,6 +30,8 @@ from audiofast.stream.agreement import (
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
+TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
+
 
 class Overloaded(RuntimeError):
     """More audio is waiting for this stream than ``max_pending_s`` allows."""
@@ -59,6 +61,7 @@ class Utterance:
     committed: list[int] = field(default_factory=list)  # hypothesis prefix already emitted
     previous: list[int] = field(default_factory=list)  # the last hypothesis after that
     decoded_to: int = 0  # stream sample where the last decoded buffer ended
+    committed_end: float = 0.0  # seconds from the buffer start where the committed text ends
 
 
 class StreamSession:
@@ -161,12 +164,13 @@ class StreamSession:
         duration = (end - utt.start) / SAMPLE_RATE
         origin = utt.start / SAMPLE_RATE  # token times are relative to it (cuts move it)
         forced = closed or duration > opts.max_utterance_s
-        done = self._skip_committed(utt, tokens, forced)
+        aligned = bool(hyp.text_times) and len(tokens) > 0
+        spans = aligned_spans(tokens, tok, hyp.text_times, duration) if aligned \
+            else token_spans(tokens, tok, duration)
+        done = self._skip_committed(utt, tokens, forced, spans if aligned else None)
         if done is None:
             utt.decoded_to = end
             return []
-        spans = aligned_spans(tokens, tok, hyp.text_times, duration) if hyp.text_times \
-            else token_spans(tokens, tok, duration)
         probs = _token_probs(tokens, tok, hyp.text_probs)
         tail = tokens[done:]
         if forced:
@@ -179,6 +183,8 @@ class StreamSession:
                 agreed -= 1
         events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed],
                              probs[done:done + agreed])
+        if agreed:
+            utt.committed_end = spans[done + agreed - 1][1]
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
         if closed:
             self._retire(utt.committed)
@@ -192,13 +198,17 @@ class StreamSession:
         start = spans[done + agreed][0] if rest else duration
         return events + self._partial(tok.decode(rest).strip(), utt, origin + start)
 
-    def _skip_committed(self, utt: Utterance, tokens: list[int], force: bool) -> int | None:
+    def _skip_committed(self, utt: Utterance, tokens: list[int], force: bool,
+                        spans: list[tuple[float, float]] | None = None) -> int | None:
         """Where the uncommitted part of a new hypothesis begins. Usually the committed
         tokens are its prefix; if Whisper reworded them, align on the last committed words
         (searched near the committed word count). None: the hypothesis lost them (short
-        windows sometimes drop a whole phrase), so it cannot be trusted -- unless ``force``
-        (the utterance is closing and this is the only hypothesis of all its audio): then
-        skip as many words as were committed."""
+        windows sometimes drop a whole phrase, e.g. one the prompt already holds), so it
+        cannot be trusted -- unless ``force`` (the utterance is closing and this is the only
+        hypothesis of all its audio): then skip the words that end before the committed text
+        did (``spans``: the hypothesis's aligned token times; a word's end, not its start:
+        alignment stretches the first word over audio whose words the text lost), or without
+        times as many words as were committed."""
         committed = utt.committed
         if tokens[: len(committed)] == committed:
             return len(committed)
@@ -212,6 +222,11 @@ class StreamSession:
             tail = min(3, n, k)
             if k <= len(words) and words[k - tail:k] == done[n - tail:]:
                 return starts[k] if k < len(starts) else len(tokens)
+        if force and spans is not None:  # a word ending after the committed text is new
+            ends = [spans[j - 1][1] for j in [*starts[1:], len(tokens)]]
+            after = [i for i, e in zip(starts, ends, strict=True)
+                     if e > utt.committed_end + TIME_SLACK_S]
+            return after[0] if after else len(tokens)
         if force:
             return starts[n] if n < len(starts) else len(tokens)
         return None
@@ -246,6 +261,7 @@ class StreamSession:
         self._retire(utt.committed[:keep_from])
         utt.committed = shift_timestamps(utt.committed[keep_from:], self.tokenizer, seconds)
         utt.previous = shift_timestamps(utt.previous, self.tokenizer, seconds)
+        utt.committed_end = max(0.0, utt.committed_end - seconds)
         utt.start += int(round(seconds * SAMPLE_RATE))
 
     def _retire(self, tokens: list[int]) -> None:
