@@ -33,7 +33,8 @@ def reference_words(runtime, clip) -> list[Word]:
     frames = min(mel.shape[-1], N_FRAMES)
     encoded = runtime.encode(pad_or_trim(mel[:, :frames]))
     tokens = tok.encode(" " + " ".join(clip.reference.split()))
-    alignment = runtime.align(encoded, tok.sot_sequence("en", "transcribe", True), tokens, frames)
+    alignment = runtime.align(encoded, tok.sot_sequence("en", "transcribe", True), [tokens],
+                              [frames])[0]
     return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
 
 

@@ -86,14 +86,15 @@ class CT2Whisper:
                          "pass --language, or use --engine fast")
 
     def align(self, encoded: ctranslate2.StorageView, sot_sequence: list[int],
-              text_tokens: list[int], num_frames: int):
-        """CTranslate2's cross-attention alignment (DTW over the alignment heads) of a
-        window's text tokens: word timing's input (word_timing.py)."""
+              texts: list[list[int]], num_frames: list[int]) -> list:
+        """CTranslate2's cross-attention alignment (DTW over the alignment heads) of each
+        encoded window's text tokens, ``num_frames`` mel frames of content each: word
+        timing's input (word_timing.py)."""
         if self.vocab is not None:
             sot_sequence = self.vocab.map_ids(sot_sequence)
-            text_tokens = self.vocab.map_ids(self.vocab.encode(text_tokens))
-        return self.model.align(encoded, sot_sequence, [text_tokens], num_frames,
-                                median_filter_width=MEDIAN_FILTER_WIDTH)[0]
+            texts = [self.vocab.map_ids(self.vocab.encode(text)) for text in texts]
+        return self.model.align(encoded, sot_sequence, texts, num_frames,
+                                median_filter_width=MEDIAN_FILTER_WIDTH)
 
     def decode(
         self,

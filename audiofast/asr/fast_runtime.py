@@ -90,13 +90,13 @@ class FastWhisper:
     def encode(self, mel_window: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.array(self.ct2.encode(mel_window)))
 
-    def align(self, encoded: torch.Tensor, sot_sequence: list[int], text_tokens: list[int],
-              num_frames: int):
+    def align(self, encoded: torch.Tensor, sot_sequence: list[int], texts: list[list[int]],
+              num_frames: list[int]) -> list:
         """Word timing's alignment, on CTranslate2 over this window's encoder output."""
         import ctranslate2
 
         view = ctranslate2.StorageView.from_array(np.ascontiguousarray(encoded.numpy()))
-        return self.ct2.align(view, sot_sequence, text_tokens, num_frames)
+        return self.ct2.align(view, sot_sequence, texts, num_frames)
 
     def detect_language(self, encoded: torch.Tensor) -> tuple[str, float]:
         """The language token most likely after start-of-transcript (softmax over languages)."""

@@ -54,8 +54,8 @@ class WindowDecoder(Protocol):
         self, encoded: Any, prompt: list[int], options: DecodingOptions, temperature: float
     ) -> WindowResult: ...
 
-    def align(self, encoded: Any, sot_sequence: list[int], text_tokens: list[int],
-              num_frames: int) -> Any: ...
+    def align(self, encoded: Any, sot_sequence: list[int], texts: list[list[int]],
+              num_frames: list[int]) -> list: ...
 
 
 def compression_ratio(text: str) -> float:
@@ -185,7 +185,7 @@ def time_words(runtime: WindowDecoder, encoded: Any, segments: list[Segment],
     joined = [t for s in segments for t in s.tokens if t < runtime.tokenizer.eot]
     if not joined:
         return
-    alignment = runtime.align(encoded, sot_sequence, joined, window_frames)
+    alignment = runtime.align(encoded, sot_sequence, [joined], [window_frames])[0]
     per_segment = words_from_alignment(alignment, runtime.tokenizer,
                                        [s.tokens for s in segments], seek / FRAMES_PER_SECOND)
     window_end = (seek + window_frames) / FRAMES_PER_SECOND  # the path may run into padding

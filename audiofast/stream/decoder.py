@@ -38,7 +38,7 @@ from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import compression_ratio
 from audiofast.asr.options import DecodingOptions
-from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH, token_times
+from audiofast.asr.word_timing import token_times
 from audiofast.audio import SAMPLE_RATE
 
 MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop
@@ -154,13 +154,11 @@ class StreamDecoder:
                 sot = tok.sot_sequence(request.language, request.task, timestamps=True)
                 groups.setdefault(tuple(sot), []).append(i)
         for sot, members in groups.items():
-            part = encoded if len(members) == len(requests) else \
-                ctranslate2.StorageView.from_array(np.asarray(encoded)[members])
+            part = _rows(encoded, members, len(requests))
             texts = [[t for t in hyps[i].tokens if t < tok.eot] for i in members]
             num_frames = [min(frames, len(requests[i].audio) * FRAMES_PER_SECOND // SAMPLE_RATE)
                           for i in members]
-            results = self.ct2.model.align(part, list(sot), texts, num_frames,
-                                           median_filter_width=MEDIAN_FILTER_WIDTH)
+            results = self.ct2.align(part, list(sot), texts, num_frames)
             for i, text, result in zip(members, texts, results, strict=True):
                 times = token_times(result).tolist()
                 if times:  # one start per text token, then the end of the last
@@ -186,8 +184,7 @@ class StreamDecoder:
         for i, prompt in enumerate(prompts):
             groups.setdefault(len(prompt), []).append(i)
         for length, members in groups.items():
-            part = encoded if len(groups) == 1 else ctranslate2.StorageView.from_array(
-                np.asarray(encoded)[members])
+            part = _rows(encoded, members, len(requests))
             outputs = self.ct2.model.generate(
                 part, [prompts[i] for i in members], beam_size=1,
                 max_length=length + int(budget), return_scores=True, return_no_speech_prob=True,
@@ -236,3 +233,11 @@ class StreamDecoder:
             hyps.append(Hypothesis(out.tokens, out.no_speech_prob,
                                    out.sum_logprob / (new + 1), False))
         return hyps
+
+
+def _rows(encoded: ctranslate2.StorageView, members: list[int], total: int
+          ) -> ctranslate2.StorageView:
+    """The batch rows ``members`` of encoder output (all ``total`` rows: as it is)."""
+    if len(members) == total:
+        return encoded
+    return ctranslate2.StorageView.from_array(np.asarray(encoded)[members])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
+from audiofast.asr.word_timing import split_words
 from audiofast.stream.agreement import (
     agreed_length,
     aligned_spans,
@@ -239,13 +240,10 @@ class StreamSession:
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        words, current = [], []
-        for i in text_at:  # a word starts at a space-led token (Whisper's BPE)
-            if current and starts_word(tok, tokens[i]):
-                words.append(current)
-                current = []
-            current.append(i)
-        words.append(current)
+        words, k = [], 0  # token indices of each word, as word timing groups them
+        for group in split_words([tokens[i] for i in text_at], tok):
+            words.append(text_at[k:k + len(group)])
+            k += len(group)
         timed = [{"w": tok.decode([tokens[i] for i in word]).strip(),
                   "start": round(offset + spans[word[0]][0], 3),
                   "end": round(offset + spans[word[-1]][1], 3),
