@@ -1,9 +1,10 @@
-"""Audio in: decode, resample and downmix in one pass (torchcodec / ffmpeg).
+"""Audio in: decode, resample and downmix in one pass (ffmpeg, through PyAV).
 
 A file already in Whisper's format (mono, 16 kHz, PCM WAV or FLAC) is read with soundfile
-instead: the same samples (int16 / 32768, nothing to resample or mix), without importing
-torchcodec, whose import pulls in ``torch._dynamo`` (~1.5 s of a cold ``audiofast
-transcribe`` on a 4 s clip, measured). Every other input goes through ffmpeg.
+instead: the same samples (int16 / 32768, nothing to resample or mix). Every other input goes
+through ffmpeg's decoders and resampler via PyAV, which gives the samples torchcodec gives
+(equal on the real clips, tested) without importing torch: torchcodec's import pulls in
+``torch._dynamo``, ~1.5 s of a cold ``audiofast transcribe`` (measured).
 
 Every failure a user can cause (missing file, empty file, a text file, a video without sound, a
 clip with no samples) becomes an :class:`AudioError` with one line that names the file.
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
 SAMPLE_RATE = 16_000  # what Whisper's front end expects
 
@@ -24,7 +25,7 @@ class AudioError(ValueError):
     """Audio could not be read; the message is one line naming the input."""
 
 
-AudioSource = str | Path | bytes | np.ndarray | torch.Tensor
+AudioSource = str | Path | bytes | np.ndarray | Any  # Any: a torch tensor
 
 
 def load_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
@@ -32,13 +33,16 @@ def load_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarra
 
     Arrays and tensors are taken as already-decoded mono samples at ``sample_rate``.
     """
-    if isinstance(source, np.ndarray | torch.Tensor):
-        samples = torch.as_tensor(source, dtype=torch.float32)
+    if not isinstance(source, str | Path | bytes):
+        if hasattr(source, "detach"):  # a torch tensor (not imported here: see above)
+            source = source.detach().cpu().numpy()
+        samples = np.asarray(source, dtype=np.float32)
         if samples.ndim == 2:  # (channels, samples)
             samples = samples.mean(0)
         if samples.ndim != 1:
-            raise AudioError(f"audio array must be 1-D or (channels, samples), got {samples.shape}")
-        return _check_samples(samples.numpy(), "array")
+            raise AudioError(f"audio array must be 1-D or (channels, samples), got "
+                             f"{tuple(samples.shape)}")
+        return _check_samples(samples, "array")
 
     if isinstance(source, bytes):
         name, payload = "<bytes>", source
@@ -57,18 +61,29 @@ def load_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarra
         direct = _read_direct(path, sample_rate)
         if direct is not None:
             return _check_samples(direct, name)
-    from torchcodec.decoders import AudioDecoder
-
     try:
-        decoder = AudioDecoder(
-            io.BytesIO(payload) if isinstance(payload, bytes) else payload,
-            sample_rate=sample_rate,
-            num_channels=1,
-        )
-        samples = decoder.get_all_samples().data
-    except (RuntimeError, ValueError) as err:
+        samples = _decode(io.BytesIO(payload) if isinstance(payload, bytes) else payload,
+                          sample_rate)
+    except AudioError as err:
+        raise AudioError(f"{name}: {err}") from None
+    except Exception as err:  # av.error.FFmpegError and kin: not audio ffmpeg can read
         raise AudioError(f"{name}: cannot decode audio ({_decode_failure(str(err))})") from None
-    return _check_samples(samples.reshape(-1).numpy(), name)
+    return _check_samples(samples, name)
+
+
+def _decode(source: Any, sample_rate: int) -> np.ndarray:
+    """All of the first audio stream, resampled and downmixed to mono float32 by ffmpeg."""
+    import av
+
+    with av.open(source, metadata_errors="ignore") as container:
+        if not container.streams.audio:
+            raise AudioError("cannot decode audio (no audio stream in the file)")
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
+        pieces = []
+        for frame in container.decode(container.streams.audio[0]):
+            pieces += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+        pieces += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 def _read_direct(path: Path, sample_rate: int) -> np.ndarray | None:
@@ -87,7 +102,7 @@ def _read_direct(path: Path, sample_rate: int) -> np.ndarray | None:
 
 
 def _decode_failure(message: str) -> str:
-    """Turn an ffmpeg/torchcodec error into a short reason."""
+    """Turn an ffmpeg error into a short reason."""
     if "stream" in message.lower():
         return "no audio stream in the file"
     if "Invalid data" in message:

@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
 from audiofast.asr.runtime import load_model
@@ -25,7 +25,7 @@ from audiofast.audio import load_audio
 from audiofast.eval.datasets import real_speech_clips
 
 
-def time_calls(engine, calls: dict[int, torch.Tensor], start: int, repeats: int
+def time_calls(engine, calls: dict[int, np.ndarray], start: int, repeats: int
                ) -> dict[int, float]:
     """Median seconds per call for each row count, the counts interleaved in every repeat
     (so drift in machine load hits all alike), after one warm-up each."""
@@ -48,7 +48,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("results/bench_verify.json"))
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     runtime = load_model(args.model, "fast", threads=args.threads)
     engine, tok = runtime.engine, runtime.tokenizer
     clip = next(c for c in real_speech_clips() if c.name == "two_cities")
@@ -59,8 +58,8 @@ def main() -> None:
     print(f"{'frames':>6} {'rows':>4} {'ms/call':>8} {'x 1-row':>8} {'ms/row':>7}")
     for frames in args.frames:
         engine.set_audio(runtime.encode(pad_or_trim(mel, frames)))
-        engine(torch.tensor(prompt), 0)  # the cache holds a prompt, as in decoding
-        medians = time_calls(engine, {rows: torch.tensor(text[:rows]) for rows in args.rows},
+        engine(prompt, 0)  # the cache holds a prompt, as in decoding
+        medians = time_calls(engine, {rows: np.array(text[:rows]) for rows in args.rows},
                              len(prompt), args.repeats)
         one = medians[args.rows[0]]
         for rows, seconds in medians.items():

@@ -8,7 +8,7 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
-# 1. System packages: ffmpeg (torchcodec decodes through it), espeak-ng / flite (TTS eval
+# 1. System packages: ffmpeg (the tests re-encode audio with it), espeak-ng / flite (TTS eval
 #    audio), sox (audio tools for eval augmentation), chromium (the web page's browser test;
 #    Playwright drives this Debian build because Playwright's own browser download is blocked),
 #    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation),
@@ -49,7 +49,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1
   fi
-  "$VENV/bin/python" -c "import audiofast, torch, torchcodec, ctranslate2, transformers" \
+  "$VENV/bin/python" -c "import audiofast, torch, av, ctranslate2, transformers" \
     || { echo "setup: Python dependencies failed to install" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
@@ -58,6 +58,6 @@ fi
 "$VENV/bin/audiofast" models --prepare
 # 4. fadtk's reference statistics and clips (read out of its wheel; see audiofast/eval/fadtk_data.py).
 "$VENV/bin/python" -c "from audiofast.eval.fadtk_data import fadtk_dir; fadtk_dir()"
-# 5. The decoder's C++ kernels (fused int8 decoder, cross-attention), compiled once into the cache (~1 min).
+# 5. The decoder's C++ kernels (fused int8 decoder, int8 linear), compiled once into the cache (~10 s).
 "$VENV/bin/python" -m audiofast.asr.kernels
 echo "setup: done. Try: $VENV/bin/audiofast transcribe \$($VENV/bin/audiofast samples two_cities)"

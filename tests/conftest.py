@@ -84,8 +84,9 @@ def kernel():
     from audiofast.asr import kernels
 
     if kernels.backend() != "avx2":
-        if shutil.which("g++") and kernels._cpu_supports_kernel() and \
+        if shutil.which(kernels.compiler()) and kernels._cpu_supports_kernel() and \
                 os.environ.get("AUDIOFAST_KERNELS") != "none":
-            pytest.fail("g++ is here and the CPU has AVX2/F16C, but the kernels did not build")
+            pytest.fail(f"{kernels.compiler()} is here and the CPU has AVX2/F16C, but the "
+                        "kernels did not build")
         pytest.skip("the C++ kernel cannot be built here (no compiler or no AVX2/F16C)")
-    return torch.ops.audiofast
+    return kernels

@@ -146,6 +146,22 @@ def test_load_model_auto_picks_the_fused_decoder_where_it_may(clips):
         audiofast.load_model("whisper-tiny.en", engine="tpu")
 
 
+@pytest.mark.parametrize("clip", ["clone-test", "two_cities"])  # 16 kHz WAV; 48 kHz via ffmpeg
+def test_default_transcription_never_imports_torch(kernel, clips, tmp_path, clip):
+    """The default path (CTranslate2 encoder, fused decoder from its memory-mapped cache,
+    numpy features and decoding loop, PyAV for audio) runs without torch, whose import was
+    most of a cold start. The first process may pack the weights (torch); the next must not."""
+    code = ("import sys\nfrom audiofast.cli import main\n"
+            "main(['transcribe', sys.argv[1], '--model', 'whisper-tiny.en', '--language', 'en',"
+            " '--output-dir', sys.argv[2], '--format', 'txt'])\n"
+            "print('torch' in sys.modules, 'torchcodec' in sys.modules)\n")
+    runs = [subprocess.run([sys.executable, "-c", code, str(clips[clip].audio), str(tmp_path)],
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert runs[1].returncode == 0, runs[1].stderr[-2000:]
+    assert runs[1].stdout.strip().splitlines()[-1] == "False False"
+    assert wer(clips[clip].reference, next(tmp_path.glob("*.txt")).read_text()) < 0.1
+
+
 def test_cli_internal_errors_exit_1_with_their_message(monkeypatch, capsys):
     """Only wrong input is a user error (exit 2, one line); a bug is reported as one, exit 1,
     with the traceback on request."""

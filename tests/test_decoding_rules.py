@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from audiofast.asr.decoding import LogitRules
 from audiofast.asr.tokenizer import WhisperTokenizer
@@ -24,13 +24,31 @@ def test_no_timestamps_token_is_suppressed_with_timestamps_on(tokenizer, generat
     ts = tokenizer.timestamp_begin
     word = tokenizer.encode(" hello")[0]
     generated = {"start": [], "pair": [ts, word, ts + 10], "text": [ts, word]}[generated]
-    logits = torch.zeros(tokenizer.timestamp_begin + 1501)
+    logits = np.zeros(tokenizer.timestamp_begin + 1501, np.float32)
     logits[tokenizer.no_timestamps] = 50.0  # by far the most likely token
     on = LogitRules(tokenizer, [], [], timestamps=True).apply(logits, list(generated))
-    assert on[tokenizer.no_timestamps] == -torch.inf
+    assert on[tokenizer.no_timestamps] == -np.inf
     assert int(on.argmax()) != tokenizer.no_timestamps
     off = LogitRules(tokenizer, [], [], timestamps=False).apply(logits, list(generated))
     assert int(off.argmax()) == tokenizer.no_timestamps  # without timestamps it stays allowed
+
+
+def test_text_that_cannot_fit_its_window_is_dropped(tokenizer) -> None:
+    """A window holding 0.23 s of audio cannot say a 13-word sentence: its segments are dropped
+    (the window consumed as silence); the same tokens over 5 s of audio are kept."""
+    from audiofast.asr.longform import WindowResult, accept_window
+    from audiofast.asr.options import DecodingOptions
+
+    ts = tokenizer.timestamp_begin
+    text = tokenizer.encode(" It was the epoch of belief, it was the epoch of truth.")
+    tokens = [ts, *text, ts + 250]
+    for frames, kept in ((23, 0), (500, 1)):
+        result = WindowResult(list(tokens), avg_logprob=-0.87, no_speech_prob=0.1)
+        segments, history = [], []
+        consumed = accept_window(result, tokenizer, 1280, frames, 60.0, DecodingOptions(),
+                                 history, segments)
+        assert len(segments) == kept and consumed == frames
+        assert history == (tokens if kept else [])
 
 
 def test_transcript_cache_is_keyed_by_the_decoding_code(monkeypatch) -> None:

@@ -45,7 +45,7 @@ def test_drafter_cache_refeeds_only_what_changed(tiny):
     """A drafter that reuses its cache (feeding only the tokens new since its last call)
     drafts exactly what a fresh drafter feeding the whole context drafts."""
     draft = draft_from_target(whisper_from_ct2(tiny.resolved.ct2_dir)[0])
-    encoded = torch.randn(1500, draft.config.d_model)
+    encoded = torch.randn(1500, draft.config.d_model).numpy()
     cached, fresh = (ModelDrafter(draft, "fp32", special_from=tiny.tokenizer.eot)
                      for _ in range(2))
     cached.set_audio(encoded)

@@ -1,6 +1,7 @@
 """The owned decoder engine (fused int8, fp32 reference), its packed-weight cache, and
 lossless drafting on both."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,15 +29,15 @@ def test_one_pass_verification_equals_token_by_token(fast_fp32, clips):
     """forward(k tokens) gives the logits of feeding them one at a time (the KV cache and the
     causal mask are right), the basis of draft verification."""
     engine = fast_fp32.engine
-    mel = torch.zeros(80, 3000)
+    mel = np.zeros((80, 3000), np.float32)
     engine.set_audio(fast_fp32.encode(mel))
-    tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291])
+    tokens = np.array([50258, 50259, 50359, 50364, 440, 2068, 3699, 291])
     together = engine(tokens, 0)
-    apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(len(tokens))])
-    assert torch.allclose(together, apart, atol=1e-3, rtol=1e-4)
+    apart = np.concatenate([engine(tokens[i : i + 1], i) for i in range(len(tokens))])
+    assert np.allclose(together, apart, atol=1e-3, rtol=1e-4)
     # Continuing from a cached prefix: positions 5.. fed at once after 0..4 one by one.
     tail = engine(tokens[5:], 5)
-    assert torch.allclose(tail, apart[5:], atol=1e-3, rtol=1e-4)
+    assert np.allclose(tail, apart[5:], atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("clip", ["beckett", "clone-test", "endgame_nagg_nell"])
@@ -88,17 +89,17 @@ def test_verification_rows_equal_single_rows_bit_for_bit(fast_int8, fast_fp32):
     int8 decoder (each row quantized and attended alone), so greedy with drafts equals greedy
     without by construction. The fp32 reference attends row by row, but its float GEMMs
     round differently for 1 and k rows: equal within 1e-3 only."""
-    tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
-    encoded = fast_int8.encode(torch.zeros(80, 3000) - 0.5)
+    tokens = np.array([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
+    encoded = fast_int8.encode(np.zeros((80, 3000), np.float32) - 0.5)
     for engine in (fast_int8.engine, fast_fp32.engine):
         engine.set_audio(encoded)
         engine(tokens[:4], 0)
         together = engine(tokens[4:], 4, rowwise=True)
-        apart = torch.cat([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
+        apart = np.concatenate([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
         if engine.precision == "int8":
-            assert torch.equal(together, apart), engine.numerics
+            assert np.array_equal(together, apart), engine.numerics
         else:
-            assert torch.allclose(together, apart, atol=1e-3, rtol=1e-4)
+            assert np.allclose(together, apart, atol=1e-3, rtol=1e-4)
     assert fast_int8.engine.numerics.startswith("int8-fused")
 
 
@@ -113,16 +114,16 @@ def test_fused_int8_tracks_the_fp32_reference(fast_int8, fast_fp32, clips):
     reference = fast_fp32.engine
     reference.set_audio(encoded)
     tokens = [50258, 50259, 50359, 50363]  # English, transcribe, no timestamps
-    logits = reference(torch.tensor(tokens), 0)[-1]
+    logits = reference(tokens, 0)[-1]
     while int(logits.argmax()) != 50257 and len(tokens) < 40:  # fp32 greedy, to end of text
         tokens.append(int(logits.argmax()))
-        logits = reference(torch.tensor(tokens[-1:]), len(tokens) - 1)[0]
+        logits = reference(tokens[-1:], len(tokens) - 1)[0]
     assert len(tokens) > 15  # a real transcript to compare on
     tokens = torch.tensor(tokens)
     out = {}
     for name, engine in (("int8", fast_int8.engine), ("fp32", reference)):
         engine.set_audio(encoded)
-        out[name] = engine(tokens, 0)[3:-1].log_softmax(-1)
+        out[name] = torch.from_numpy(engine(tokens.numpy(), 0)[3:-1]).log_softmax(-1)
     assert torch.equal(out["fp32"].argmax(-1), tokens[4:])  # one call = token by token
     agree = (out["int8"].argmax(-1) == tokens[4:]).float().mean().item()
     kl = (out["fp32"].exp() * (out["fp32"] - out["int8"])).sum(-1)
@@ -130,7 +131,7 @@ def test_fused_int8_tracks_the_fp32_reference(fast_int8, fast_fp32, clips):
 
 
 def test_packed_weights_cache_is_reused_and_survives_corruption(tmp_path, monkeypatch):
-    """The fused decoder's packed tensors are packed once, then memory-mapped; the engine
+    """The fused decoder's packed arrays are packed once, then memory-mapped; the engine
     built from the cache computes the same logits; a corrupt cache file is packed again."""
     import audiofast.cache
     from audiofast.asr.decoder_weights import DecoderWeights
@@ -148,18 +149,19 @@ def test_packed_weights_cache_is_reused_and_survives_corruption(tmp_path, monkey
     fresh = load_or_pack(folder / "model.bin", None, pack)
     cached = load_or_pack(folder / "model.bin", None, pack)
     assert len(packs) == 1 and sorted(cached) == sorted(fresh)
-    encoded = torch.randn(1, 1500, 384, generator=torch.Generator().manual_seed(0))
-    tokens = torch.tensor([50257, 50362, 440, 2068, 7586])
+    encoded = np.random.default_rng(0).standard_normal((1, 1500, 384)).astype(np.float32)
+    tokens = [50257, 50362, 440, 2068, 7586]
     out = []
     for tensors in (fresh, cached):
         engine = WhisperDecoderEngine(tensors, "int8")
         engine.set_audio(encoded)
         out.append(engine(tokens, 0))
-    assert torch.equal(out[0], out[1])
-    (file,) = (tmp_path / "packed").glob("*.pt")
+    assert np.array_equal(out[0], out[1])
+    assert not cached["embed"].flags.writeable  # memory-mapped, read-only
+    (file,) = (tmp_path / "packed").glob("*.npk")
     file.write_bytes(file.read_bytes()[:1000])
     again = load_or_pack(folder / "model.bin", None, pack)
-    assert len(packs) == 2 and torch.equal(again["embed"], fresh["embed"])
+    assert len(packs) == 2 and np.array_equal(again["embed"], fresh["embed"])
     assert not list((tmp_path / "packed").glob("*.tmp"))
 
 
@@ -188,10 +190,10 @@ def test_int8_drafting_is_lossless(fast_int8, clips, tmp_path):
 def test_last_rows_only(fast_fp32):
     """``last=k`` gives the last k rows of the full call (a prompt read needs 1-3 of ~100)."""
     engine = fast_fp32.engine
-    engine.set_audio(fast_fp32.encode(torch.zeros(80, 3000)))
-    tokens = torch.tensor([50258, 50259, 50359, 50364, 440, 2068])
+    engine.set_audio(fast_fp32.encode(np.zeros((80, 3000), np.float32)))
+    tokens = [50258, 50259, 50359, 50364, 440, 2068]
     full = engine(tokens, 0)
-    assert torch.allclose(engine(tokens, 0, last=2), full[-2:], atol=1e-4)
+    assert np.allclose(engine(tokens, 0, last=2), full[-2:], atol=1e-4)
     assert engine(tokens, 0, last=1).shape == (1, full.shape[1])
 
 
@@ -219,20 +221,18 @@ def test_forked_samples_decode_as_alone(fast_int8, clips):
     assert engine.can_fork
     mel = log_mel_spectrogram(load_audio(clips["beckett"].audio), fast_int8.n_mels)
     engine.set_audio(fast_int8.encode(pad_or_trim(mel, 3000)))
-    prompt = torch.tensor([50258, 50259, 50359, 50364])
+    prompt = [50258, 50259, 50359, 50364]
     continuations = [[6725, 3031, 13], [440, 2068, 3699], [1692, 2834, 11]]
     engine(prompt, 0)
     engine.fork(len(continuations), len(prompt))
-    forked = [engine.forward_forked(torch.tensor([c[t] for c in continuations]), 4 + t)
-              for t in range(3)]
+    forked = [engine.forward_forked([c[t] for c in continuations], 4 + t) for t in range(3)]
     for i, tokens in enumerate(continuations):
         engine(prompt, 0)
         for t in range(3):
-            assert torch.equal(forked[t][i], engine(torch.tensor([tokens[t]]), 4 + t)[0])
+            assert np.array_equal(forked[t][i], engine([tokens[t]], 4 + t)[0])
     options = DecodingOptions(language="en")
-    rules = fast_int8.rules(options, prompt.tolist())
-    one = sample_decode_forked(engine, prompt.tolist(), rules, 60, 0.8,
-                               torch.Generator().manual_seed(5), samples=1)[0]
-    alone = sample_decode(engine, prompt.tolist(), rules, 60, 0.8,
-                          torch.Generator().manual_seed(5))
+    rules = fast_int8.rules(options, prompt)
+    one = sample_decode_forked(engine, prompt, rules, 60, 0.8, np.random.default_rng(5),
+                               samples=1)[0]
+    alone = sample_decode(engine, prompt, rules, 60, 0.8, np.random.default_rng(5))
     assert one.tokens == alone.tokens and one.sum_logprob == pytest.approx(alone.sum_logprob)

@@ -123,16 +123,23 @@ def _segment(start: float, end: float, words: list[tuple[float, float, str, floa
 
 
 def test_hallucination_rule_needs_odd_words_and_a_long_silence():
-    from audiofast.asr.hallucination import find_hallucination, is_anomalous
+    from audiofast.asr.hallucination import Skip, find_hallucination, is_anomalous
 
     speech = _segment(0.0, 2.0, [(0.0, 0.5, " Ever", 0.9), (0.5, 1.0, " tried.", 0.8)])
     odd = _segment(9.0, 12.0, [(9.0, 9.02, " Thank", 0.05), (9.02, 12.0, " you.", 0.1)])
     assert not is_anomalous(speech) and is_anomalous(odd)
-    assert find_hallucination([speech, odd], 0.0, 30.0, threshold=2.0) == 1  # 7 s of silence
-    assert find_hallucination([speech, odd], 0.0, 30.0, threshold=20.0) is None
+    # 7 s of silence before, 18 s after: dropped, decoding resumes at its start
+    assert find_hallucination([speech, odd], 0.0, 30.0, 2.0, 0.0, 60.0) == Skip(1, 9.0)
+    assert find_hallucination([speech, odd], 0.0, 30.0, 20.0, 0.0, 60.0) is None
+    # near the end of the audio: nothing left worth decoding after it
+    assert find_hallucination([speech, odd], 0.0, 13.0, 2.0, 0.0, 13.0) == Skip(1, 13.0)
     late_speech = _segment(2.5, 4.0, [(2.5, 3.0, " No", 0.9), (3.0, 4.0, " matter.", 0.9)])
     close_odd = _segment(4.1, 5.0, [(4.1, 4.11, " uh", 0.05)])
-    assert find_hallucination([speech, late_speech, close_odd], 0.0, 5.5, 2.0) is None
+    after = _segment(6.0, 7.0, [(6.0, 6.5, " Fail", 0.9), (6.5, 7.0, " again.", 0.9)])
+    assert find_hallucination([speech, late_speech, close_odd, after], 0.0, 30.0, 2.0, 0.0,
+                              60.0) is None  # speech on both sides, close by
+    # a window opening on odd words after a long silence: decoded again from their start
+    assert find_hallucination([odd, speech], 3.0, 33.0, 2.0, 0.0, 60.0) == Skip(0, 9.0)
 
 
 def test_hallucination_threshold_keeps_the_speech_on_a_file_with_gaps(live):

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from audiofast.asr.features import (
@@ -35,6 +34,7 @@ from audiofast.asr.longform import (
     compression_ratio,
     decode_with_fallback,
     encoder_frames,
+    fits_window,
     given_language,
     passes_checks,
 )
@@ -48,14 +48,14 @@ LOUDNESS_SMOOTHING = 15  # frames (150 ms): a cut needs a pause, not one quiet f
 
 
 class BatchDecoder(WindowDecoder, Protocol):
-    def encode_batch(self, mel_windows: torch.Tensor) -> Any: ...
+    def encode_batch(self, mel_windows: np.ndarray) -> Any: ...
 
     def decode_batch(
         self, encoded: Any, prompts: list[list[int]], options: DecodingOptions
     ) -> list[WindowResult]: ...
 
 
-def chunk_bounds(mel: torch.Tensor, max_frames: int,
+def chunk_bounds(mel: np.ndarray, max_frames: int,
                  search_frames: int = round(CUT_SEARCH_S * FRAMES_PER_SECOND),
                  ) -> list[tuple[int, int]]:
     """Cut ``mel`` (n_mels, frames) into [start, end) spans of at most ``max_frames``, each cut
@@ -63,9 +63,9 @@ def chunk_bounds(mel: torch.Tensor, max_frames: int,
     total = mel.shape[-1]
     if total <= max_frames:
         return [(0, total)]
-    kernel = torch.ones(1, 1, LOUDNESS_SMOOTHING) / LOUDNESS_SMOOTHING
-    loudness = torch.nn.functional.conv1d(
-        mel.mean(0)[None, None], kernel, padding=LOUDNESS_SMOOTHING // 2)[0, 0, :total]
+    half = LOUDNESS_SMOOTHING // 2  # a centred moving average, zeros beyond the ends
+    loudness = np.convolve(mel.mean(0), np.full(LOUDNESS_SMOOTHING, 1 / LOUDNESS_SMOOTHING),
+                           mode="full")[half : half + total]
     bounds, start = [], 0
     while total - start > max_frames:
         low = start + max(1, max_frames - search_frames)
@@ -145,7 +145,7 @@ def transcribe_batched(
     return Transcription(segments, language or "en", language_prob, duration, stats)
 
 
-def decode_group(runtime: BatchDecoder, mel: torch.Tensor, group: list[Chunk],
+def decode_group(runtime: BatchDecoder, mel: np.ndarray, group: list[Chunk],
                  prompts: list[list[int]], options: DecodingOptions, duration: float,
                  segments: list[Segment], stats: dict) -> None:
     """One window of every chunk in ``group``: one encoder call, one generate call, then each
@@ -155,14 +155,14 @@ def decode_group(runtime: BatchDecoder, mel: torch.Tensor, group: list[Chunk],
     frames = encoder_frames(max(end - start for start, end in spans), options.window_pad)
     t0 = time.perf_counter()
     encoded = runtime.encode_batch(
-        torch.stack([pad_or_trim(mel[:, start:end], frames) for start, end in spans]))
+        np.stack([pad_or_trim(mel[:, start:end], frames) for start, end in spans]))
     t1 = time.perf_counter()
     results = runtime.decode_batch(encoded, prompts, options)
     stats["encoder_s"] += t1 - t0
     stats["decoder_s"] += time.perf_counter() - t1
     for chunk, (start, end), prompt, result in zip(group, spans, prompts, results, strict=True):
         result.compression_ratio = compression_ratio(tok.decode(result.tokens))
-        if not passes_checks(result, options):
+        if not (passes_checks(result, options) and fits_window(result, end - start)):
             # Whisper saw 30 s windows in training and sometimes loops on less: decode this
             # window again alone, the standard way, with temperature fallback.
             stats["full_window_retries"] += 1

@@ -6,7 +6,6 @@ import json
 
 import ctranslate2
 import numpy as np
-import torch
 
 from audiofast.asr.batched import transcribe_batched
 from audiofast.asr.longform import WindowResult, transcribe_audio
@@ -62,18 +61,18 @@ class CT2Whisper:
 
             self.ov_encoder = OpenVINOEncoder(self.resolved.ct2_dir, threads)
 
-    def encode(self, mel_window: torch.Tensor) -> ctranslate2.StorageView:
+    def encode(self, mel_window: np.ndarray) -> ctranslate2.StorageView:
         """Encode a (n_mels, frames) window; frames is 3000 unless the caller trims padding."""
         return self.encode_batch(mel_window[None])
 
-    def encode_batch(self, mel_windows: torch.Tensor) -> ctranslate2.StorageView:
+    def encode_batch(self, mel_windows: np.ndarray) -> ctranslate2.StorageView:
         """Encode (batch, n_mels, frames) windows of one length in one call."""
+        mel_windows = np.ascontiguousarray(mel_windows, dtype=np.float32)
         if self.ov_encoder is None or mel_windows.shape[-1] < self.ov_min_frames:
-            return self.model.encode(ctranslate2.StorageView.from_array(
-                mel_windows.contiguous().numpy()))
+            return self.model.encode(ctranslate2.StorageView.from_array(mel_windows))
         # generate() takes encoder output as well as features; the view borrows the array's
         # memory, so the array is kept alive until the next encode.
-        self._encoded = self.ov_encoder(mel_windows.numpy())
+        self._encoded = self.ov_encoder(mel_windows)
         return ctranslate2.StorageView.from_array(self._encoded)
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:

@@ -66,7 +66,7 @@ class DecoderWeights:
         return self.state[f"{name}.weight"], self.state[f"{name}.bias"]
 
 
-# The parts of one decoder layer, in the order the fused op reads them: a layer norm (its
+# The parts of one decoder layer (fused_decoder.LAYER_PARTS orders them): a layer norm (its
 # Hugging Face name) or a linear (the projections stacked into it).
 NORM_NAMES = {"self_ln": "self_attn_layer_norm", "cross_ln": "encoder_attn_layer_norm",
               "ffn_ln": "final_layer_norm"}
@@ -74,8 +74,6 @@ LINEAR_NAMES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_pro
                 "self_out": ("self_attn.out_proj",), "cross_q": ("encoder_attn.q_proj",),
                 "cross_out": ("encoder_attn.out_proj",), "fc1": ("fc1",), "fc2": ("fc2",),
                 "cross_kv": ("encoder_attn.k_proj", "encoder_attn.v_proj")}
-LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out", "ffn_ln",
-               "fc1", "fc2")  # cross_kv runs once per window, outside the fused op
 
 
 def layer_part(weights: DecoderWeights, i: int, part: str) -> tuple[torch.Tensor, torch.Tensor]:

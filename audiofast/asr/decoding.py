@@ -7,6 +7,9 @@ greedy token for token; drafts only change how many engine calls it takes. That 
 verify call to compute each row exactly as a one-row call would (``rowwise``: per-row int8
 ranges, attention row by row), not merely close: near-ties (timestamps 20 ms apart) flip on
 last-bit differences.
+
+Logits are numpy float32 rows; the reductions below are written out as torch computes them in
+float32 (max-shifted).
 """
 
 from __future__ import annotations
@@ -14,10 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
+import numpy as np
 
 from audiofast.asr.engine import WhisperDecoderEngine
 from audiofast.asr.tokenizer import WhisperTokenizer
+
+
+def logsumexp(x: np.ndarray) -> float:
+    top = x.max()
+    if top == -np.inf:
+        return float(top)
+    return float(top + np.log(np.exp(x - top).sum(dtype=np.float32)))
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    return x - np.float32(logsumexp(x))
 
 
 @dataclass
@@ -30,38 +44,38 @@ class LogitRules:
     timestamps: bool
     max_initial_timestamp_index: int = 50
 
-    def __post_init__(self) -> None:  # index tensors built once, not on every token
-        self._suppress = torch.tensor(self.suppress, dtype=torch.long)
-        self._suppress_at_begin = torch.tensor(self.suppress_at_begin, dtype=torch.long)
+    def __post_init__(self) -> None:  # index arrays built once, not on every token
+        self._suppress = np.asarray(self.suppress, dtype=np.int64)
+        self._suppress_at_begin = np.asarray(self.suppress_at_begin, dtype=np.int64)
 
-    def apply(self, logits: torch.Tensor, generated: list[int]) -> torch.Tensor:
-        logits = logits.clone()
+    def apply(self, logits: np.ndarray, generated: list[int]) -> np.ndarray:
+        logits = np.array(logits, dtype=np.float32)  # a copy
         ts = self.tokenizer.timestamp_begin
-        logits[self._suppress] = -torch.inf
+        logits[self._suppress] = -np.inf
         if not generated:
-            logits[self._suppress_at_begin] = -torch.inf
+            logits[self._suppress_at_begin] = -np.inf
         if not self.timestamps:
-            logits[ts:] = -torch.inf
+            logits[ts:] = -np.inf
             return logits
-        logits[self.tokenizer.no_timestamps] = -torch.inf  # as openai-whisper's ApplyTimestampRules
+        logits[self.tokenizer.no_timestamps] = -np.inf  # as openai-whisper's ApplyTimestampRules
         last_is_ts = bool(generated) and generated[-1] >= ts
         penultimate_is_ts = len(generated) < 2 or generated[-2] >= ts
         if last_is_ts:
             if penultimate_is_ts:  # a pair just closed: text must follow
-                logits[ts:] = -torch.inf
+                logits[ts:] = -np.inf
             else:  # a segment just ended: another timestamp or the end
-                logits[: self.tokenizer.eot] = -torch.inf
+                logits[: self.tokenizer.eot] = -np.inf
         stamps = [t for t in generated if t >= ts]
         if stamps:  # never go back in time; a new segment must have non-zero length
             floor = stamps[-1] if last_is_ts and not penultimate_is_ts else stamps[-1] + 1
-            logits[ts:floor] = -torch.inf
+            logits[ts:floor] = -np.inf
         if not generated:  # begin with a timestamp, and not too late
-            logits[:ts] = -torch.inf
-            logits[ts + self.max_initial_timestamp_index + 1 :] = -torch.inf
+            logits[:ts] = -np.inf
+            logits[ts + self.max_initial_timestamp_index + 1 :] = -np.inf
         # Timestamps together outweigh any text token (compared in logits: the log-softmax
         # normaliser would subtract the same constant from both sides).
-        if logits[ts:].logsumexp(-1) > logits[:ts].max():
-            logits[:ts] = -torch.inf
+        if logsumexp(logits[ts:]) > logits[:ts].max():
+            logits[:ts] = -np.inf
         return logits
 
 
@@ -84,14 +98,14 @@ class DecodeOutput:
 
 def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTokenizer,
                  max_new_tokens: int, forced: list[int] = ()) -> tuple[DecodeOutput,
-                                                                        torch.Tensor, int]:
+                                                                        np.ndarray, int]:
     """Feed the prompt and the ``forced`` output prefix in one call: the output so far (with
     the no-speech probability read at the start-of-transcript position), the next-token
     logits, and the output length limit."""
     sot = prompt.index(tok.sot)
     fed = prompt + list(forced)
-    logits = engine(torch.tensor(fed), 0, last=len(fed) - sot)
-    no_speech = logits[0].softmax(-1)[tok.no_speech].item()
+    logits = engine(fed, 0, last=len(fed) - sot)
+    no_speech = float(np.exp(log_softmax(logits[0])[tok.no_speech]))
     limit = len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
     return DecodeOutput(list(forced), 0.0, no_speech, engine_calls=1), logits[-1], limit
 
@@ -108,23 +122,23 @@ def greedy_decode(
     out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens, forced)
     position = len(prompt) + len(forced)
     while True:
-        logprobs = rules.apply(last, out.tokens).log_softmax(-1)
+        logprobs = log_softmax(rules.apply(last, out.tokens))
         token = int(logprobs.argmax())
-        out.sum_logprob += logprobs[token].item()
+        out.sum_logprob += float(logprobs[token])
         if token == tok.eot or len(out.tokens) >= limit:
             break
         out.tokens.append(token)
         draft = drafter.propose(prompt + out.tokens) if drafter else []
         draft = draft[: min(max(0, limit - len(out.tokens)), engine.known_prefix(draft))]
-        rows = engine(torch.tensor([token, *draft]), position, rowwise=True)
+        rows = engine([token, *draft], position, rowwise=True)
         out.engine_calls += 1
         accepted = 0
         for j, guess in enumerate(draft):  # rows[j] predicts the token after draft[j - 1]
-            logprobs = rules.apply(rows[j], out.tokens).log_softmax(-1)
+            logprobs = log_softmax(rules.apply(rows[j], out.tokens))
             if int(logprobs.argmax()) != guess:
                 break
             out.tokens.append(guess)
-            out.sum_logprob += logprobs[guess].item()
+            out.sum_logprob += float(logprobs[guess])
             accepted += 1
         if drafter:
             drafter.feedback(len(draft), accepted)
@@ -136,13 +150,14 @@ def greedy_decode(
     return out
 
 
-def _draw(rules: LogitRules, logits: torch.Tensor, out: DecodeOutput, temperature: float,
-          generator: torch.Generator, limit: int) -> int | None:
+def _draw(rules: LogitRules, logits: np.ndarray, out: DecodeOutput, temperature: float,
+          generator: np.random.Generator, limit: int) -> int | None:
     """One sampled token appended to ``out`` (its log-prob counted); None when the sample
     ends here (end-of-text, or the token budget is spent)."""
     filtered = rules.apply(logits, out.tokens)
-    token = int(torch.multinomial((filtered / temperature).softmax(-1), 1, generator=generator))
-    out.sum_logprob += filtered.log_softmax(-1)[token].item()
+    probs = np.exp(log_softmax(filtered / np.float32(temperature)).astype(np.float64))
+    token = int(generator.choice(len(probs), p=probs / probs.sum()))
+    out.sum_logprob += float(log_softmax(filtered)[token])
     if token == rules.tokenizer.eot or len(out.tokens) >= limit:
         return None
     out.tokens.append(token)
@@ -152,7 +167,7 @@ def _draw(rules: LogitRules, logits: torch.Tensor, out: DecodeOutput, temperatur
 
 def sample_decode(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
-    temperature: float, generator: torch.Generator,
+    temperature: float, generator: np.random.Generator,
 ) -> DecodeOutput:
     """One sample at ``temperature`` (the fallback when greedy output looks wrong)."""
     out, last, limit = _read_prompt(engine, prompt, rules.tokenizer, max_new_tokens)
@@ -161,14 +176,14 @@ def sample_decode(
         token = _draw(rules, last, out, temperature, generator, limit)
         if token is None:
             break
-        last = engine(torch.tensor([token]), position)[0]
+        last = engine([token], position)[0]
         position += 1
     return out
 
 
 def sample_decode_forked(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
-    temperature: float, generator: torch.Generator, samples: int,
+    temperature: float, generator: np.random.Generator, samples: int,
 ) -> list[DecodeOutput]:
     """``samples`` samples at ``temperature`` side by side (the fused decoder's forked
     caches): the prompt is read once and each step is one engine call for all of them, so
@@ -189,6 +204,6 @@ def sample_decode_forked(
             tokens.append(eot if token is None else token)
         if all(done):
             return outs
-        rows = engine.forward_forked(torch.tensor(tokens), position)
+        rows = engine.forward_forked(tokens, position)
         lasts = list(rows)
         position += 1

@@ -8,17 +8,23 @@ with a preallocated self-attention KV cache and cross-attention K/V computed onc
   attended alone, so k rows at once equal k single rows bit for bit. Needs the kernels
   (kernels/); where they cannot be built, the ``ct2`` engine decodes instead.
 - ``fp32``: the eager reference decoder (reference_decoder.py), the numerics oracle.
+
+Tokens in and logits out are numpy arrays whichever backend runs; torch is imported only for
+the reference decoder and for packing (the fused decoder's transcriptions never import it).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch import nn
+import numpy as np
 
-from audiofast.asr.decoder_weights import DecoderWeights
-from audiofast.asr.vocab_diet import DietVocab
+if TYPE_CHECKING:
+    import torch
+
+    from audiofast.asr.decoder_weights import DecoderWeights
+    from audiofast.asr.vocab_diet import DietVocab
 
 Precision = Literal["fp32", "int8"]
 PRECISIONS = ("int8", "fp32")
@@ -28,7 +34,7 @@ class KernelsUnavailable(RuntimeError):
     """The fused int8 decoder cannot run here (no compiler, or a CPU without AVX2)."""
 
 
-def fused_backend(tensors: dict[str, torch.Tensor]):
+def fused_backend(tensors: dict[str, np.ndarray]):
     """A :class:`~audiofast.asr.fused_decoder.FusedDecoder`, or one line saying why not."""
     from audiofast.asr import kernels
     from audiofast.asr.fused_decoder import FusedDecoder
@@ -40,22 +46,23 @@ def fused_backend(tensors: dict[str, torch.Tensor]):
     return FusedDecoder(tensors)
 
 
-class WhisperDecoderEngine(nn.Module):
+class WhisperDecoderEngine:
     """Whisper's text decoder with a static KV cache, for one audio window at a time."""
 
-    def __init__(self, model: DecoderWeights | nn.Module | dict[str, torch.Tensor],
+    def __init__(self, model: DecoderWeights | Any | dict[str, np.ndarray],
                  precision: Precision = "int8", vocab: DietVocab | None = None,
                  head_ids: torch.Tensor | None = None):
         """``model``: the decoder's weights, a Hugging Face Whisper to take them from, or
-        (int8) the fused decoder's packed tensors (packed_cache.py); ``head_ids``: a
+        (int8) the fused decoder's packed arrays (packed_cache.py); ``head_ids``: a
         drafter's cut head - logits only for these ids, in their order."""
-        super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, "
                              f"not {precision!r}")
         self.precision = precision
         self.vocab = vocab  # a vocab-diet model: ids in and logits out use the full vocabulary
-        if isinstance(model, nn.Module):
+        if not isinstance(model, dict) and hasattr(model, "state_dict"):  # a torch module
+            from audiofast.asr.decoder_weights import DecoderWeights
+
             model = DecoderWeights.from_hf(model)
         if precision == "int8":
             from audiofast.asr.fused_decoder import RESCORE_TOP, pack_decoder
@@ -65,25 +72,25 @@ class WhisperDecoderEngine(nn.Module):
             # Which arithmetic runs: the judge's transcript cache keys on it.
             self.numerics = f"int8-fused-a8-per-row-rescore{RESCORE_TOP}-kv16-kvproj8-avx2"
         else:
-            from audiofast.asr.reference_decoder import ReferenceDecoder
+            from audiofast.asr.reference_decoder import ReferenceBackend
 
             if isinstance(model, dict):
                 raise TypeError("packed int8 tensors cannot run in fp32")
-            self.backend = ReferenceDecoder(model, head_ids)
+            self.backend = ReferenceBackend(model, head_ids)
             self.numerics = "fp32-cross-bmm"
         self.n_heads, self.n_ctx = self.backend.n_heads, self.backend.n_ctx
         self.d_model = self.backend.d_model
-        self._audio: torch.Tensor | None = None
-        self._cross: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._audio: np.ndarray | None = None
+        self._cross: tuple = ()
 
     @property
-    def embed(self) -> torch.Tensor:
-        """The token embedding matrix (the drafter's distillation reads it)."""
-        embed = self.backend.embed
-        return embed.weight if isinstance(embed, nn.Embedding) else embed
+    def embed(self) -> np.ndarray | torch.Tensor:
+        """The token embedding matrix (numpy for int8, torch for the fp32 reference)."""
+        return self.backend.embed
 
     @property
-    def lm_head(self) -> nn.Module:
+    def lm_head(self):
+        """The output projection alone (a callable; the diet sweep times it)."""
         return self.backend.lm_head
 
     def known_prefix(self, tokens: list[int]) -> int:
@@ -94,17 +101,15 @@ class WhisperDecoderEngine(nn.Module):
         return next((i for i, t in enumerate(tokens) if t not in self.vocab.kept_set),
                     len(tokens))
 
-    @torch.inference_mode()
-    def set_audio(self, encoder_out: torch.Tensor) -> None:
+    def set_audio(self, encoder_out: np.ndarray) -> None:
         """Project the window's encoder output to cross-attention K/V, once per window."""
         if encoder_out is self._audio:  # language detection already projected this window
             return
         self._audio = encoder_out
         self._cross = self.backend.project_audio(encoder_out)
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, start: int, rowwise: bool = False,
-                last: int = 0) -> torch.Tensor:
+    def __call__(self, tokens: Sequence[int] | np.ndarray, start: int, rowwise: bool = False,
+                 last: int = 0) -> np.ndarray:
         """Logits (n, vocab) for ``tokens`` placed at positions start .. start + n - 1
         (``last`` > 0: only for the last ``last`` of them).
 
@@ -114,11 +119,12 @@ class WhisperDecoderEngine(nn.Module):
         Cache entries past ``start + n`` may hold stale keys from rejected drafts; they are
         never read, because attention only looks at positions < start + n.
         """
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = tokens.shape[0]
         end = start + n
         if end > self.n_ctx:
             raise ValueError(f"sequence of {end} tokens exceeds the decoder context {self.n_ctx}")
-        logits = self.backend(self._to_model_ids(tokens), start, min(last, n), *self._cross,
+        logits = self.backend(self._to_model_ids(tokens), start, min(last, n), self._cross,
                               rowwise=rowwise)
         return self._to_full_logits(logits)
 
@@ -132,25 +138,25 @@ class WhisperDecoderEngine(nn.Module):
         read once), for :meth:`forward_forked`: best_of samples then share every weight read."""
         self.backend.fork(copies, length)
 
-    @torch.inference_mode()
-    def forward_forked(self, tokens: torch.Tensor, position: int) -> torch.Tensor:
+    def forward_forked(self, tokens: Sequence[int] | np.ndarray, position: int) -> np.ndarray:
         """Logits (copies, vocab): token i appended to forked sequence i at ``position``."""
         if position >= self.n_ctx:
             raise ValueError(f"position {position} exceeds the decoder context {self.n_ctx}")
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         return self._to_full_logits(
-            self.backend.forked(self._to_model_ids(tokens), position, *self._cross))
+            self.backend.forked(self._to_model_ids(tokens), position, self._cross))
 
-    def _to_model_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+    def _to_model_ids(self, tokens: np.ndarray) -> np.ndarray:
         if self.vocab is None:
             return tokens
         tokens = self.vocab.to_diet[tokens]
-        if bool((tokens < 0).any()):
+        if (tokens < 0).any():
             raise KeyError("a token outside the diet vocabulary reached the decoder")
         return tokens
 
-    def _to_full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+    def _to_full_logits(self, logits: np.ndarray) -> np.ndarray:
         if self.vocab is None:
             return logits
-        full = logits.new_full((logits.shape[0], self.vocab.full_size), -torch.inf)
-        full[:, self.vocab.kept_tensor] = logits
+        full = np.full((logits.shape[0], self.vocab.full_size), -np.inf, dtype=np.float32)
+        full[:, self.vocab.kept_ids] = logits
         return full

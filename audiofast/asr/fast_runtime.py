@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.decoder_weights import DecoderWeights
 from audiofast.asr.decoding import (
     Drafter,
     LogitRules,
     greedy_decode,
+    log_softmax,
     sample_decode,
     sample_decode_forked,
 )
@@ -36,25 +35,34 @@ class FastWhisper:
         disk, packed_cache.py), fp32 on the eager reference decoder. ``ct2``: an already
         loaded CTranslate2 model to encode with (``model`` and ``encoder`` are then its)."""
         self.ct2 = ct2 or CT2Whisper(model, threads=threads, encoder=encoder)
-        if threads:
-            torch.set_num_threads(threads)
         self.tokenizer = self.ct2.tokenizer
         self.n_mels = self.ct2.n_mels
         self.engine = WhisperDecoderEngine(self._decoder_weights(precision), precision,
                                            self.ct2.vocab)
+        if precision == "int8":  # 0: every core (the pool is the process's: set it each time)
+            from audiofast.asr import kernels
+
+            kernels.set_threads(threads)
+        elif threads:
+            import torch
+
+            torch.set_num_threads(threads)
         self.drafter_name = drafter
         self.draft_model = draft_model
         self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
         self.seed = seed
-        self.generator = torch.Generator()
+        self.generator = np.random.default_rng(seed)
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
 
-    def _decoder_weights(self, precision: Precision) -> DecoderWeights | dict:
-        """The decoder's float weights, or for int8 its packed tensors (from the cache when
-        this model was packed before: reading and packing the float weights is then skipped)."""
+    def _decoder_weights(self, precision: Precision):
+        """The decoder's float weights, or for int8 its packed arrays (from the cache when
+        this model was packed before: reading and packing the float weights - and importing
+        torch - is then skipped)."""
         folder = self.ct2.resolved.ct2_dir
 
-        def weights() -> DecoderWeights:
+        def weights():
+            from audiofast.asr.decoder_weights import DecoderWeights
+
             if self.ct2.vocab is None:
                 return DecoderWeights.from_ct2(folder)
             from transformers import WhisperForConditionalGeneration  # a vocab-diet export
@@ -87,24 +95,24 @@ class FastWhisper:
             return self._model_drafter
         raise ValueError(f"unknown drafter {self.drafter_name!r}: none, ngram or model")
 
-    def encode(self, mel_window: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(np.array(self.ct2.encode(mel_window)))
+    def encode(self, mel_window: np.ndarray) -> np.ndarray:
+        return np.array(self.ct2.encode(mel_window))
 
-    def align(self, encoded: torch.Tensor, sot_sequence: list[int], texts: list[list[int]],
+    def align(self, encoded: np.ndarray, sot_sequence: list[int], texts: list[list[int]],
               num_frames: list[int]) -> list:
         """Word timing's alignment, on CTranslate2 over this window's encoder output."""
         import ctranslate2
 
-        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(encoded.numpy()))
+        view = ctranslate2.StorageView.from_array(np.ascontiguousarray(encoded))
         return self.ct2.align(view, sot_sequence, texts, num_frames)
 
-    def detect_language(self, encoded: torch.Tensor) -> tuple[str, float]:
+    def detect_language(self, encoded: np.ndarray) -> tuple[str, float]:
         """The language token most likely after start-of-transcript (softmax over languages)."""
         tok = self.tokenizer
         codes = sorted(tok.languages)
         self.engine.set_audio(encoded)
-        logits = self.engine(torch.tensor([tok.sot]), 0)[0]
-        probs = logits[[tok.language_token(code) for code in codes]].softmax(-1)
+        logits = self.engine([tok.sot], 0)[0]
+        probs = np.exp(log_softmax(logits[[tok.language_token(code) for code in codes]]))
         best = int(probs.argmax())
         return codes[best], float(probs[best])
 
@@ -118,7 +126,7 @@ class FastWhisper:
             max_initial_timestamp_index=round(options.max_initial_timestamp / TIME_PER_TIMESTAMP),
         )
 
-    def decode(self, encoded: torch.Tensor, prompt: list[int], options: DecodingOptions,
+    def decode(self, encoded: np.ndarray, prompt: list[int], options: DecodingOptions,
                temperature: float) -> WindowResult:
         if options.beam_size > 1 and temperature == 0:
             raise NotImplementedError("the fast engine is greedy; use --engine ct2 for beams")
@@ -156,5 +164,5 @@ class FastWhisper:
         if options.batch_size:
             raise ValueError("the fast engine decodes one sequence at a time: use batch size 0 "
                              "(--batch-size 0), or --engine ct2 for batched chunks")
-        self.generator.manual_seed(self.seed)  # same audio, same fallback samples, same text
+        self.generator = np.random.default_rng(self.seed)  # same audio, same samples, same text
         return transcribe_audio(self, load_audio(audio), options, progress)

@@ -1,57 +1,84 @@
-"""The int8 decoder as one C++ call (``torch.ops.audiofast.decoder_forward``): the default.
+"""The int8 decoder as one C++ call (``kernels.decoder_forward``): the default.
 
 A step of Whisper's decoder is ~300 small ops; in eager PyTorch the time between them and in
 dynamic int8 linears reading weights at a third of the memory bandwidth was most of a token.
-The fused op runs every layer of a call in C++ (kernels/decoder_step.cpp) over int8 weights
+The fused call runs every layer in C++ (kernels/decoder_step.cpp) over int8 weights
 (int8_pack.py), a float KV cache and fp16 cross-attention K/V, and quantizes each row with its
 own range and sums products exactly in int32, so a row's logits never depend on the rows
 beside it: plain greedy and draft verification share one arithmetic, and drafting is lossless.
 
 An int8 head's logits are recomputed exactly (fp32) for its top ``RESCORE_TOP`` candidates:
 the word choice is made among them, and the head was the layer whose rounding moved greedy
-output most. The packed tensors are plain tensors (:meth:`FusedDecoder.tensors`), so the
-start-up cache (packed_cache.py) can store and memory-map them.
+output most. Everything here is numpy: the packed arrays are memory-mapped from the start-up
+cache (packed_cache.py) and a transcription on this decoder never imports torch (packing
+them, once per model, does).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from audiofast.asr.decoder_weights import LAYER_PARTS, NORM_NAMES, DecoderWeights, layer_part
-from audiofast.asr.int8_pack import Int8Linear, int8_linear_tensors
+import numpy as np
+
+from audiofast.asr import kernels
+
+if TYPE_CHECKING:
+    import torch
+
+    from audiofast.asr.decoder_weights import DecoderWeights
 
 RESCORE_TOP = 16
 HEAD_DIM = 64  # the C++ attention is written for Whisper's 64-wide heads
+# The parts of one decoder layer in the order the fused call reads them (decoder_step.cpp);
+# norms are (weight, bias), linears int8_pack's four arrays. cross_kv runs once per window.
+LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out", "ffn_ln",
+               "fc1", "fc2")
+NORMS = ("self_ln", "cross_ln", "ffn_ln")
 
 
 def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None
-                 ) -> dict[str, torch.Tensor]:
-    """Every tensor the fused op reads, by name: float embeddings, norms and the exact head;
+                 ) -> dict[str, np.ndarray]:
+    """Every array the fused call reads, by name: float embeddings, norms and the exact head;
     int8-packed linears (``head_ids``: a drafter's cut head, logits only for these ids)."""
+    from audiofast.asr.decoder_weights import layer_part
+    from audiofast.asr.int8_pack import int8_linear_tensors
+
     if weights.d_model // weights.n_heads != HEAD_DIM:
         raise ValueError(f"the fused int8 decoder needs {HEAD_DIM}-wide attention heads, not "
                          f"{weights.d_model // weights.n_heads}; use precision fp32 or the "
                          "ct2 engine")
     head = weights.head if head_ids is None else weights.head[head_ids].contiguous()
     out = {"embed": weights.state["embed_tokens.weight"],
-           "positions": weights.state["embed_positions.weight"],
-           "n_heads": torch.tensor(weights.n_heads), "exact_head": head}
+           "positions": weights.state["embed_positions.weight"], "exact_head": head}
     out["final_ln.0"], out["final_ln.1"] = weights.norm("layer_norm")
     for k, t in enumerate(int8_linear_tensors(head, None)):
         out[f"lm_head.{k}"] = t
     for i in range(weights.n_layers):
         for part in [*LAYER_PARTS, "cross_kv"]:
             w, b = layer_part(weights, i, part)
-            tensors = [w, b] if part in NORM_NAMES else int8_linear_tensors(w, b)
+            tensors = [w, b] if part in NORMS else int8_linear_tensors(w, b)
             for k, t in enumerate(tensors):
-                out[f"layers.{i}.{part}.{k}"] = t.contiguous()
-    return out
+                out[f"layers.{i}.{part}.{k}"] = t
+    arrays = {name: np.ascontiguousarray(t.detach().numpy()) for name, t in out.items()}
+    arrays["n_heads"] = np.array(weights.n_heads, dtype=np.int64)
+    return arrays
+
+
+class Int8Linear:
+    """One packed int8 linear on the kernel (cross-attention K/V, the int8 head alone)."""
+
+    def __init__(self, arrays: list[np.ndarray]):
+        self.arrays = arrays
+        self.out_features = arrays[3].size
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return kernels.int8_linear(x.reshape(-1, x.shape[-1]), self.arrays)
 
 
 class FusedDecoder:
-    """The fused op's inputs (packed tensors, KV cache) and its calls."""
+    """The fused call's inputs (packed arrays, KV cache) and its calls."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
+    def __init__(self, tensors: dict[str, np.ndarray]):
         self._tensors = tensors
         self.n_heads = int(tensors["n_heads"])
         self.n_ctx, self.d_model = tensors["positions"].shape
@@ -59,46 +86,48 @@ class FusedDecoder:
         self.embed = tensors["embed"]
         self.lm_head = Int8Linear([tensors[f"lm_head.{k}"] for k in range(4)])
         params = [tensors["embed"], tensors["positions"], tensors["final_ln.0"],
-                  tensors["final_ln.1"], *self.lm_head.tensors, tensors["exact_head"]]
+                  tensors["final_ln.1"], *self.lm_head.arrays, tensors["exact_head"]]
         for i in range(self.n_layers):
             for part in LAYER_PARTS:
-                count = 2 if part in NORM_NAMES else 4
+                count = 2 if part in NORMS else 4
                 params += [tensors[f"layers.{i}.{part}.{k}"] for k in range(count)]
-        self.params = params
+        self.params = kernels.as_arrays(params)  # built once; the arrays live in _tensors
         # The once-per-window K/V projection of the encoder output, each frame its own range.
         self.cross_kv = [Int8Linear([tensors[f"layers.{i}.cross_kv.{k}"] for k in range(4)])
                          for i in range(self.n_layers)]
         shape = (self.n_layers, 1, self.n_heads, self.n_ctx, HEAD_DIM)
-        self.k_cache, self.v_cache = torch.zeros(shape), torch.zeros(shape)
-        self.forked_k = self.forked_v = torch.empty(0)  # fork()'s caches, kept between windows
+        self.k_cache = np.zeros(shape, np.float32)
+        self.v_cache = np.zeros(shape, np.float32)
+        self.forked_k = self.forked_v = np.zeros(0, np.float32)  # fork()'s, kept between windows
 
-    def tensors(self) -> dict[str, torch.Tensor]:
+    def tensors(self) -> dict[str, np.ndarray]:
         return self._tensors
 
-    def project_audio(self, encoder_out: torch.Tensor) -> tuple[list[torch.Tensor],
-                                                                list[torch.Tensor]]:
+    def project_audio(self, encoder_out: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Cross-attention K and V per layer, (heads, frames, 64) fp16, once per window: read
         whole on every token (36 MB at 1500 frames in fp32, more than L3), so stored in fp16
         (~1e-4 relative rounding, below int8's elsewhere) and widened in registers."""
-        enc = encoder_out.reshape(-1, self.d_model).float()
+        enc = np.asarray(encoder_out, dtype=np.float32).reshape(-1, self.d_model)
         keys, values = [], []
         for project in self.cross_kv:
-            k, v = project(enc).chunk(2, dim=-1)
-            keys.append(self._heads(k).half().contiguous())
-            values.append(self._heads(v).half().contiguous())
-        return keys, values
+            k, v = np.split(project(enc), 2, axis=-1)
+            keys.append(self._heads(k))
+            values.append(self._heads(v))
+        # The C arrays hold pointers: the numpy lists are returned with them and kept alive
+        # together (WhisperDecoderEngine keeps the tuple for the window).
+        return keys, values, kernels.as_arrays(keys), kernels.as_arrays(values)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(x.shape[0], self.n_heads, HEAD_DIM).transpose(0, 1)
+    def _heads(self, x: np.ndarray) -> np.ndarray:
+        heads = x.reshape(x.shape[0], self.n_heads, HEAD_DIM).transpose(1, 0, 2)
+        return np.ascontiguousarray(heads, dtype=np.float16)
 
-    def __call__(self, tokens: torch.Tensor, start: int, last: int,
-                 cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
-                 rowwise: bool = False) -> torch.Tensor:
+    def __call__(self, tokens: np.ndarray, start: int, last: int, cross: tuple,
+                 rowwise: bool = False) -> np.ndarray:
         """Logits of ``tokens`` at ``start``; every row is computed as if fed alone, so
         ``rowwise`` (draft verification) needs nothing extra here."""
-        return torch.ops.audiofast.decoder_forward(
-            tokens, start, last, self.params, self.k_cache, self.v_cache, cross_k, cross_v,
-            RESCORE_TOP)
+        return kernels.decoder_forward(tokens, start, last, self.params, self.k_cache,
+                                       self.v_cache, cross[2], cross[3], RESCORE_TOP,
+                                       self.lm_head.out_features)
 
     def fork(self, copies: int, length: int) -> None:
         """Caches for ``copies`` sequences, each starting with the main cache's first
@@ -106,13 +135,12 @@ class FusedDecoder:
         shape = list(self.k_cache.shape)
         shape[1] = copies
         if list(self.forked_k.shape) != shape:
-            self.forked_k, self.forked_v = torch.zeros(shape), torch.zeros(shape)
+            self.forked_k, self.forked_v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
         self.forked_k[:, :, :, :length] = self.k_cache[:, :, :, :length]
         self.forked_v[:, :, :, :length] = self.v_cache[:, :, :, :length]
 
-    def forked(self, tokens: torch.Tensor, position: int, cross_k: list[torch.Tensor],
-               cross_v: list[torch.Tensor]) -> torch.Tensor:
+    def forked(self, tokens: np.ndarray, position: int, cross: tuple) -> np.ndarray:
         """One token per forked sequence, all at ``position``: a row per sequence."""
-        return torch.ops.audiofast.decoder_forward(
-            tokens, position, 0, self.params, self.forked_k, self.forked_v, cross_k, cross_v,
-            RESCORE_TOP)
+        return kernels.decoder_forward(tokens, position, 0, self.params, self.forked_k,
+                                       self.forked_v, cross[2], cross[3], RESCORE_TOP,
+                                       self.lm_head.out_features)

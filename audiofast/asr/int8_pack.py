@@ -11,7 +11,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import nn
 
 
 def per_channel_qint8(weight: torch.Tensor) -> torch.Tensor:
@@ -47,15 +46,3 @@ def int8_linear_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> list
     bias = torch.zeros(q.shape[0]) if bias is None else bias.detach().float()
     return [pack_int8_weight(q), quantized.q_per_channel_scales().float().contiguous(),
             q.sum(1, dtype=torch.int32), bias.contiguous()]
-
-
-class Int8Linear(nn.Module):
-    """One int8 linear on the kernel, callable alone (cross-attention K/V, the diet sweep's
-    head timing)."""
-
-    def __init__(self, tensors: list[torch.Tensor]):
-        super().__init__()
-        self.tensors = tensors
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.audiofast.int8_linear(x.reshape(-1, x.shape[-1]).float(), self.tensors)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from audiofast.asr.features import (
@@ -31,6 +30,7 @@ from audiofast.asr.word_timing import trim_pauses, words_from_alignment
 from audiofast.audio import SAMPLE_RATE
 
 FRAMES_PER_TIMESTAMP = round(TIME_PER_TIMESTAMP * FRAMES_PER_SECOND)  # 2 mel frames
+MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop or invented text
 
 
 @dataclass
@@ -46,7 +46,7 @@ class WindowDecoder(Protocol):
     tokenizer: WhisperTokenizer
     n_mels: int
 
-    def encode(self, mel_window: torch.Tensor) -> Any: ...
+    def encode(self, mel_window: np.ndarray) -> Any: ...
 
     def detect_language(self, encoded: Any) -> tuple[str, float]: ...
 
@@ -79,6 +79,15 @@ def passes_checks(result: WindowResult, options: DecodingOptions) -> bool:
         and too_unsure
     )
     return is_silence or not (too_repetitive or too_unsure)
+
+
+def fits_window(result: WindowResult, window_frames: int) -> bool:
+    """Whether the window's audio could hold this many tokens. A window holding a fraction of
+    a second (a chunk's tail) came back as a whole invented sentence that passed Whisper's
+    checks (two_cities, batched: log-prob -0.87), on a shortened and on a standard window
+    alike; such a window is decoded again on a standard one, and dropped if it still fails."""
+    seconds = window_frames / FRAMES_PER_SECOND
+    return len(result.tokens) <= MAX_TOKENS_PER_SECOND * seconds + 10
 
 
 def decode_with_fallback(
@@ -158,7 +167,7 @@ def accept_window(
             and result.avg_logprob > options.log_prob_threshold
         )
     )
-    if is_silence:
+    if is_silence or not fits_window(result, window_frames):  # silence, or invented text
         return window_frames
     pieces, consumed = split_segments(result.tokens, tok, seek / FRAMES_PER_SECOND, window_frames)
     for start, end, piece in pieces:
@@ -255,7 +264,8 @@ def transcribe_audio(
             result = decode_with_fallback(runtime, encoded, prompt, options,
                                           options.temperatures[:1] if short else None)
             stats["decoder_s"] += time.perf_counter() - t0
-            if not short or passes_checks(result, options):
+            if not short or (passes_checks(result, options)
+                             and fits_window(result, window_frames)):
                 break
             input_frames = N_FRAMES
             stats["full_window_retries"] = stats.get("full_window_retries", 0) + 1
@@ -271,16 +281,21 @@ def transcribe_audio(
             time_words(runtime, encoded, segments[first_new:], window_frames, seek,
                        tok.sot_sequence(language, options.task, timestamps=True))
             stats["align_s"] = stats.get("align_s", 0.0) + time.perf_counter() - t0
+            # The timestamp tokens can end seconds before the words they close: the next
+            # window starts after the last timed word, so no word is heard twice (not at it,
+            # as openai-whisper does: that re-heard the tail of a final "No." as another).
+            consumed = max(consumed, round(segments[-1].end * FRAMES_PER_SECOND) - seek)
         if threshold is not None and len(segments) > first_new:
             start = seek / FRAMES_PER_SECOND
-            k = find_hallucination(segments[first_new:], start,
-                                   start + window_frames / FRAMES_PER_SECOND, threshold)
-            if k is not None:  # drop it and what followed; decode on from its end
-                bad = segments[first_new + k]
-                del segments[first_new + k:]
+            skip = find_hallucination(segments[first_new:], start,
+                                      start + window_frames / FRAMES_PER_SECOND, threshold,
+                                      segments[first_new - 1].end if first_new else 0.0,
+                                      duration)
+            if skip is not None:  # drop the suspect and what followed; decode on from skip
+                del segments[first_new + skip.keep:]
                 del history[history_length:]
                 history += [t for s in segments[first_new:] for t in s.tokens]
-                consumed = max(1, round(bad.end * FRAMES_PER_SECOND) - seek)
+                consumed = max(1, round(skip.resume * FRAMES_PER_SECOND) - seek)
                 stats["hallucinations_skipped"] = stats.get("hallucinations_skipped", 0) + 1
         seek += consumed
         bar.update(round(min(seek, content_frames) / FRAMES_PER_SECOND - bar.n, 2))

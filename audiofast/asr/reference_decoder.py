@@ -11,6 +11,7 @@ bit-exact by construction.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -120,3 +121,25 @@ class ReferenceDecoder(nn.Module):
         if last > 0:  # logits of the last rows only (a prompt needs 1-3 of its ~100 rows)
             x = x[n - last :]
         return self.lm_head(self.final_ln(x))
+
+
+class ReferenceBackend:
+    """:class:`ReferenceDecoder` behind the engine's numpy interface (tokens, encoder output
+    and logits as numpy arrays; the fused decoder's contract)."""
+
+    def __init__(self, weights: DecoderWeights, head_ids: torch.Tensor | None = None):
+        self.model = ReferenceDecoder(weights, head_ids)
+        self.n_heads, self.n_ctx, self.d_model = (self.model.n_heads, self.model.n_ctx,
+                                                  self.model.d_model)
+        self.embed = self.model.embed.weight
+        self.lm_head = self.model.lm_head
+
+    @torch.inference_mode()
+    def project_audio(self, encoder_out: np.ndarray) -> tuple[list[torch.Tensor],
+                                                              list[torch.Tensor]]:
+        return self.model.project_audio(torch.as_tensor(np.asarray(encoder_out, np.float32)))
+
+    @torch.inference_mode()
+    def __call__(self, tokens: np.ndarray, start: int, last: int, cross: tuple,
+                 rowwise: bool = False) -> np.ndarray:
+        return self.model(torch.from_numpy(tokens), start, last, *cross, rowwise=rowwise).numpy()

@@ -15,12 +15,15 @@ import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from audiofast.asr.types import Transcription
 from audiofast.audio import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ def load_silero() -> torch.nn.Module:
 def speech_regions(audio: np.ndarray, options: VadFilterOptions = VadFilterOptions()
                    ) -> list[tuple[int, int]]:
     """(start, end) sample ranges of speech in 16 kHz ``audio``, in order, not overlapping."""
+    import torch
     from silero_vad import get_speech_timestamps
 
     stamps = get_speech_timestamps(

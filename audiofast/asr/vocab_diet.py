@@ -23,9 +23,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 VOCAB_MAP_FILE = "vocab_map.json"
 
@@ -59,15 +63,15 @@ class DietVocab:
             raise ValueError(f"kept ids must lie in [0, {self.full_size})")
 
     @cached_property
-    def to_diet(self) -> torch.Tensor:
-        """Original id -> diet id (-1 for dropped tokens)."""
-        table = torch.full((self.full_size,), -1, dtype=torch.long)
-        table[torch.tensor(self.kept)] = torch.arange(len(self.kept))
+    def to_diet(self) -> np.ndarray:
+        """Original id -> diet id (-1 for dropped tokens), int64."""
+        table = np.full(self.full_size, -1, dtype=np.int64)
+        table[np.asarray(self.kept, dtype=np.int64)] = np.arange(len(self.kept))
         return table
 
     @cached_property
-    def kept_tensor(self) -> torch.Tensor:
-        return torch.tensor(self.kept)
+    def kept_ids(self) -> np.ndarray:
+        return np.asarray(self.kept, dtype=np.int64)
 
     @cached_property
     def kept_set(self) -> frozenset[int]:
@@ -210,13 +214,16 @@ def slice_vocab(model: nn.Module, vocab: DietVocab) -> nn.Module:
     Special-token ids in the config and generation config are rewritten to diet ids. Tied
     weights stay tied.
     """
+    import torch
+    from torch import nn
+
     embed = model.get_input_embeddings()
     head = model.get_output_embeddings()
     if embed.num_embeddings != vocab.full_size:
         raise ValueError(f"model has {embed.num_embeddings} tokens, the diet map expects "
                          f"{vocab.full_size}")
     tied = head is not None and head.weight is embed.weight
-    idx = vocab.kept_tensor
+    idx = torch.from_numpy(vocab.kept_ids)
     new_embed = nn.Embedding(len(idx), embed.embedding_dim, padding_idx=None)
     new_embed.weight = nn.Parameter(embed.weight.detach()[idx].clone())
     model.set_input_embeddings(new_embed)
@@ -240,6 +247,8 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets:
             temperature: float = 2.0, alpha: float = 0.5) -> torch.Tensor:
     """Cross-entropy on the (diet-spelled) targets plus KL to the teacher, both over the kept
     ids; ``targets`` of -100 are ignored (prompt positions)."""
+    from torch import nn
+
     mask = targets != -100
     s, t = student_logits[mask], teacher_logits[mask]
     hard = nn.functional.cross_entropy(s, targets[mask])

@@ -1,5 +1,5 @@
 """Real int8 inference for the SA3 DiT: the W8A8 linears of :mod:`audiofast.diffusion.qad`, run
-by the project's packed int8 kernel (``torch.ops.audiofast.int8_linear``, the ASR lane's: exact
+by the project's packed int8 kernel (``kernels.int8_linear``, the ASR lane's: exact
 int32 sums, AVX2 or AVX-512 VNNI).
 
 Why this kernel and not torch's dynamic quantization: measured side by side by
@@ -16,6 +16,7 @@ section has ``quantization``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,9 +40,7 @@ def kernel_available() -> bool:
     """Whether the C++ int8 kernel is built for this CPU (setup.sh builds it)."""
     from audiofast.asr import kernels
 
-    if not kernels.is_built():
-        return False
-    return kernels.backend() == "avx2" and hasattr(torch.ops.audiofast, "int8_linear")
+    return kernels.is_built() and kernels.backend() == "avx2"
 
 
 class Int8Linear(nn.Module):
@@ -58,7 +57,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.use_kernel = use_kernel
-        self._packed: list[torch.Tensor] | None = None
+        self._packed: list[np.ndarray] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, use_kernel: bool = True) -> Int8Linear:
@@ -74,20 +73,25 @@ class Int8Linear(nn.Module):
         self._packed = None  # weights change: pack again on the next call
         super()._load_from_state_dict(*args, **kwargs)
 
-    def packed(self) -> list[torch.Tensor]:
-        """The kernel's four tensors: packed weight, scale, weight row sums, bias."""
+    def packed(self) -> list[np.ndarray]:
+        """The kernel's four arrays: packed weight, scale, weight row sums, bias."""
         if self._packed is None:
             from audiofast.asr.int8_pack import pack_int8_weight
 
             bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
-            self._packed = [pack_int8_weight(self.weight), self.weight_scale.float().contiguous(),
-                            self.weight.sum(1, dtype=torch.int32), bias.float().contiguous()]
+            tensors = [pack_int8_weight(self.weight), self.weight_scale.float(),
+                       self.weight.sum(1, dtype=torch.int32), bias.float()]
+            self._packed = [np.ascontiguousarray(t.detach().numpy()) for t in tensors]
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         if self.use_kernel and x.device.type == "cpu" and self.in_features % 32 == 0:
-            y = torch.ops.audiofast.int8_linear(x.reshape(-1, shape[-1]).float(), self.packed())
+            from audiofast.asr import kernels
+
+            kernels.set_threads(torch.get_num_threads())  # the DiT lane runs on torch's count
+            rows = x.detach().reshape(-1, shape[-1]).float().numpy()
+            y = torch.from_numpy(kernels.int8_linear(rows, self.packed()))
             return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         weight = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)[:, None]
         bias = None if self.bias is None else self.bias.to(x.dtype)

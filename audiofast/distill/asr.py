@@ -130,7 +130,7 @@ def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
                   opts: TrainOptions, checkpoint: str | Path, batch_size: int = 4):
     """Teach the diet model to spell with kept tokens what the teacher said with any token."""
     teacher.eval().requires_grad_(False)
-    kept_head = teacher.proj_out.weight.detach()[vocab.kept_tensor]
+    kept_head = teacher.proj_out.weight.detach()[torch.from_numpy(vocab.kept_ids)]
     student.model.encoder.requires_grad_(False)
     student.model.decoder.embed_positions.requires_grad_(False)
 
@@ -139,8 +139,9 @@ def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
         encoded, inputs, labels = _batch(examples, index, vocab.encode)
         with torch.no_grad():
             teacher_logits = decoder_hidden(teacher, encoded, inputs) @ kept_head.T
-        diet_inputs = vocab.to_diet[inputs]
-        diet_labels = torch.where(labels >= 0, vocab.to_diet[labels.clamp(min=0)], -100)
+        to_diet = torch.from_numpy(vocab.to_diet)
+        diet_inputs = to_diet[inputs]
+        diet_labels = torch.where(labels >= 0, to_diet[labels.clamp(min=0)], -100)
         logits = student.proj_out(decoder_hidden(student, encoded, diet_inputs))
         loss = kd_loss(logits, teacher_logits, diet_labels)
         return loss, {}

@@ -30,18 +30,16 @@ from dataclasses import dataclass, field
 
 import ctranslate2
 import numpy as np
-import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import LogitRules, greedy_decode
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
-from audiofast.asr.longform import compression_ratio
+from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio
 from audiofast.asr.options import DecodingOptions
 from audiofast.asr.word_timing import token_times
 from audiofast.audio import SAMPLE_RATE
 
-MAX_TOKENS_PER_SECOND = 8  # fast speech is ~4-5 tokens/s; more means a loop
 BUCKET_S = 2  # encoder windows come in steps of this many seconds
 
 
@@ -129,7 +127,7 @@ class StreamDecoder:
             audio = r.audio[:samples]
             mel = log_mel_spectrogram(audio, self.ct2.n_mels, padding=samples - len(audio))
             mels.append(mel[:, :frames])
-        features = torch.stack(mels).contiguous().numpy()
+        features = np.ascontiguousarray(np.stack(mels))
         t0 = time.perf_counter()
         encoded = self.ct2.model.encode(ctranslate2.StorageView.from_array(features))
         t1 = time.perf_counter()
@@ -215,7 +213,7 @@ class StreamDecoder:
         tok, engine = self.tokenizer, self.fast.engine
         rules = LogitRules(tok, suppress=self.suppress, suppress_at_begin=[], timestamps=True,
                            max_initial_timestamp_index=50)
-        windows = torch.from_numpy(np.array(encoded))
+        windows = np.array(encoded)
         hyps = []
         for i, (request, language) in enumerate(zip(requests, languages, strict=True)):
             engine.set_audio(windows[i : i + 1])

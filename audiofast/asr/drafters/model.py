@@ -18,6 +18,7 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -72,7 +73,7 @@ class ModelDrafter:
         self.draft_len = 4
         self.fed: list[int] = []  # tokens whose keys/values are in the draft's cache
 
-    def set_audio(self, encoded: torch.Tensor) -> None:
+    def set_audio(self, encoded: np.ndarray) -> None:
         self.engine.set_audio(encoded)
         self.fed = []
 
@@ -83,7 +84,7 @@ class ModelDrafter:
                 break
             same += 1
         same = min(same, len(context) - 1)  # always feed at least the last token
-        logits = self.engine(torch.tensor(context[same:]), same, last=1)[0]
+        logits = self.engine(context[same:], same, last=1)[0]
         self.fed = list(context)
         draft: list[int] = []
         while len(draft) < self.draft_len:
@@ -95,7 +96,7 @@ class ModelDrafter:
             draft.append(token)
             if len(draft) == self.draft_len:
                 break
-            logits = self.engine(torch.tensor([token]), len(self.fed))[0]
+            logits = self.engine([token], len(self.fed))[0]
             self.fed.append(token)
         return draft
 

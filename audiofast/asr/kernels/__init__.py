@@ -1,27 +1,64 @@
-"""Our C++ kernels: ``torch.ops.audiofast.decoder_forward``, the whole int8 decoder in one op
-(decoder_step.cpp, over int8_linear.cpp's ``int8_linear`` and cross_attention.cpp), and
-``int8_linear`` alone (the SA3 lane's int8 DiT).
+"""Our C++ kernels: :func:`decoder_forward`, the whole int8 decoder in one call
+(decoder_step.cpp, over int8_linear.cpp's linears and cross_attention.cpp), and
+:func:`int8_linear` alone (cross-attention K/V, the SA3 lane's int8 DiT).
 
-Built on first use with the system compiler (``torch.utils.cpp_extension``, ~1 min, once per
-source hash; ``scripts/setup.sh`` builds it) into the audiofast cache. Where it cannot be
-built - no compiler, or a CPU without AVX2/F16C - :func:`backend` says "none" with a warning
-naming the reason, and transcription runs on CTranslate2 (``--engine auto``) instead.
+A plain shared library with a C interface (capi.cpp) over numpy arrays, called through
+ctypes: no torch headers to compile against (a build takes seconds, not a minute) and no torch
+to import (the default transcription path runs without it, which is most of a cold start).
+Built on first use with the system C++ compiler (``$CXX``, else ``c++``) into the audiofast
+cache, once per source hash; ``scripts/setup.sh`` builds it. Where it cannot be built - no
+compiler, or a CPU without AVX2/F16C - :func:`backend` says "none" with a warning naming the
+reason, and transcription runs on CTranslate2 (``--engine auto``) instead.
 
 ``python -m audiofast.asr.kernels`` builds it and prints the backend.
 """
 
+import ctypes
 import functools
 import hashlib
 import os
+import shutil
+import subprocess
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
+import numpy as np
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "cross_attention.cpp", HERE / "int8_linear.cpp", HERE / "decoder_step.cpp"]
-HEADERS = [HERE / "avx2.h", HERE / "cross_attention.h", HERE / "int8_linear.h", HERE / "pool.h"]
+SOURCES = sorted(HERE.glob("*.cpp"))
+HEADERS = sorted(HERE.glob("*.h"))
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-pthread"]
+MAX_DIMS = 5
+_DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int8): 2,
+           np.dtype(np.int32): 3, np.dtype(np.int64): 4}
+_ERRORS = {1: ValueError, 2: MemoryError, 3: RuntimeError}
 _backend: str | None = None
+_lib: ctypes.CDLL | None = None
+
+
+class Array(ctypes.Structure):
+    """A numpy array as the library borrows it (kernels/array.h): pointer, shape, dtype."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("shape", ctypes.c_int64 * MAX_DIMS),
+                ("ndim", ctypes.c_int32), ("dtype", ctypes.c_int32)]
+
+
+def as_array(a: np.ndarray) -> Array:
+    """``a``'s memory for the library; ``a`` must be C-contiguous and must outlive the call
+    (the library reads the pointer, it keeps no reference)."""
+    if not isinstance(a, np.ndarray) or a.dtype not in _DTYPES:
+        raise TypeError(f"kernels take float32/float16/int8/int32/int64 numpy arrays, "
+                        f"not {type(a).__name__} {getattr(a, 'dtype', '')}")
+    if not a.flags.c_contiguous or a.ndim > MAX_DIMS:
+        raise ValueError(f"kernels take C-contiguous arrays of at most {MAX_DIMS} dims")
+    shape = (ctypes.c_int64 * MAX_DIMS)(*a.shape)
+    return Array(a.ctypes.data, shape, a.ndim, _DTYPES[a.dtype])
+
+
+def as_arrays(arrays: Sequence[np.ndarray]) -> ctypes.Array:
+    """A C array of :class:`Array` (decoder parameters, per-layer cross-attention K/V)."""
+    return (Array * len(arrays))(*[as_array(a) for a in arrays])
 
 
 @functools.cache
@@ -38,16 +75,17 @@ def _cpu_supports_kernel() -> bool:
     return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c"]
+def compiler() -> str:
+    return os.environ.get("CXX") or "c++"
 
 
 @functools.cache
 def build_key() -> str:
-    """A hash of what the library is built from: sources, headers, this file, compiler flags
-    and the torch version. A build is current exactly when its key matches (file times lie
-    after a reinstall or a checkout)."""
-    digest = hashlib.sha256(" ".join([torch.__version__, *CFLAGS]).encode())
-    for path in [*SOURCES, *HEADERS, Path(__file__)]:
+    """A hash of what the library is built from: sources, headers, compiler and flags. A
+    build is current exactly when its key matches (file times lie after a reinstall or a
+    checkout). This file is not in it: the Python side can change without a rebuild."""
+    digest = hashlib.sha256(" ".join([compiler(), *CFLAGS]).encode())
+    for path in [*SOURCES, *HEADERS]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -55,36 +93,54 @@ def build_key() -> str:
 def _built_library() -> Path:
     from audiofast.cache import cache_dir
 
-    return cache_dir() / "kernels" / f"torch-{torch.__version__}-{build_key()}" / \
-        "audiofast_kernels.so"
+    return cache_dir() / "kernels" / f"capi-{build_key()}" / "libaudiofast_kernels.so"
 
 
 def is_built() -> bool:
-    """Whether the kernels are built for these exact sources, flags and torch, on a CPU that
-    runs them (nothing is built or loaded here: the CLI asks this to choose its engine)."""
+    """Whether the kernels are built for these exact sources and flags, on a CPU that runs
+    them (nothing is built or loaded here: ``--engine auto`` asks this to choose)."""
     if os.environ.get("AUDIOFAST_KERNELS") == "none" or not _cpu_supports_kernel():
         return False
     return _built_library().is_file()
 
 
-def _build() -> None:
+def _build() -> Path:
+    """Compile the sources (into a temporary name, renamed when done: a build cut short
+    never looks current)."""
     built = _built_library()
-    folder = built.parent
-    if is_built():
-        torch.ops.load_library(built)  # skips ninja's up-to-date check (~1 s)
-        return
-    from torch.utils.cpp_extension import load  # (imported only to build: it is slow)
+    if built.is_file():
+        return built
+    if shutil.which(compiler()) is None:
+        raise RuntimeError(f"no C++ compiler ({compiler()!r} not found)")
+    built.parent.mkdir(parents=True, exist_ok=True)
+    tmp = built.with_suffix(f".{os.getpid()}.tmp")
+    run = subprocess.run([compiler(), *CFLAGS, "-shared", *map(str, SOURCES), "-o", str(tmp)],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        first = next((line for line in run.stderr.splitlines() if "error" in line),
+                     run.stderr.strip()[:200]) or f"exit status {run.returncode}"
+        raise RuntimeError(f"{compiler()} failed: {first}")
+    os.replace(tmp, built)
+    return built
 
-    folder.mkdir(parents=True, exist_ok=True)
-    load(name="audiofast_kernels", sources=[str(p) for p in SOURCES], build_directory=str(folder),
-         extra_cflags=CFLAGS, is_python_module=False)
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, ptr, arr = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(Array)
+    lib.audiofast_last_error.restype = ctypes.c_char_p
+    lib.audiofast_decoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64, arr, arr, arr, arr,
+                                              i64, i64, ptr, i64]
+    lib.audiofast_int8_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
+    lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
+    lib.audiofast_set_threads.argtypes = [ctypes.c_int]
+    return lib
 
 
 def backend() -> str:
-    """Load (building if needed) the kernels: "avx2" when ``torch.ops.audiofast`` holds them,
-    "none" (with a warning naming why) when they cannot run here. ``AUDIOFAST_KERNELS=none``
-    forces "none"."""
-    global _backend
+    """Load (building if needed) the kernels: "avx2" when they run here, "none" (with a
+    warning naming why) when they cannot. ``AUDIOFAST_KERNELS=none`` forces "none"."""
+    global _backend, _lib
     if _backend is not None:
         return _backend
     reason = None
@@ -94,12 +150,73 @@ def backend() -> str:
         reason = "this CPU lacks AVX2/FMA/F16C"
     else:
         try:
-            _build()
-        except Exception as err:  # no compiler, headers or ninja: run, slower, without it
-            reason = f"building it failed ({str(err).splitlines()[0] if str(err) else err!r})"
+            _lib = _load(_build())
+        except Exception as err:  # no compiler or headers: run, slower, without it
+            first_line = str(err).splitlines()[0] if str(err) else repr(err)
+            reason = f"building it failed ({first_line})"
     if reason is None:
         _backend = "avx2"
     else:
         warnings.warn(f"audiofast: C++ decoder kernels not available: {reason}", stacklevel=2)
         _backend = "none"
     return _backend
+
+
+def _library() -> ctypes.CDLL:
+    if backend() != "avx2":
+        raise RuntimeError("audiofast's C++ kernels are not available here")
+    return _lib
+
+
+def _check(status: int) -> None:
+    if status:
+        raise _ERRORS.get(status, RuntimeError)(_library().audiofast_last_error().decode())
+
+
+def set_threads(threads: int) -> None:
+    """Threads the kernels' parallel loops use (0: one per CPU core)."""
+    _library().audiofast_set_threads(int(threads))
+
+
+def uses_vnni() -> bool:
+    """Whether int8 linears take the AVX-512 VNNI path here (else AVX2), so a test can assert
+    which path it compared."""
+    return bool(_library().audiofast_uses_vnni())
+
+
+def int8_linear(x: np.ndarray, linear: Sequence[np.ndarray]) -> np.ndarray:
+    """(rows, in) float32 -> (rows, out) through one packed int8 linear (its four arrays:
+    packed weight, per-channel scale, weight row sums, bias; int8_pack.py)."""
+    if len(linear) != 4:
+        raise ValueError("int8_linear takes (weight, scale, row sums, bias)")
+    arrays = as_arrays(linear)  # type and layout checked before any size is read
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError("int8_linear: x must be (rows, in) float32")
+    y = np.empty((x.shape[0], linear[3].size), dtype=np.float32)
+    _check(_library().audiofast_int8_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
+                                            y.ctypes.data, y.size))
+    return y
+
+
+def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Array,
+                    k_cache: np.ndarray, v_cache: np.ndarray, cross_k: ctypes.Array,
+                    cross_v: ctypes.Array, rescore: int, vocab: int) -> np.ndarray:
+    """Logits (rows, or the last ``last``, x ``vocab``) of ``tokens`` through every decoder
+    layer; ``params``, ``cross_k``, ``cross_v``: :func:`as_arrays` of the decoder's arrays
+    (fused_decoder.py), built once and kept alive by the caller."""
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+    rows = tokens.shape[0]
+    out = np.empty((min(last, rows) if last > 0 else rows, vocab), dtype=np.float32)
+    k, v = as_array(k_cache), as_array(v_cache)
+    _check(_library().audiofast_decoder_forward(
+        tokens.ctypes.data, rows, start, last, params, len(params), ctypes.byref(k),
+        ctypes.byref(v), cross_k, cross_v, len(cross_k), rescore, out.ctypes.data, out.size))
+    return out
+
+
+def pool_selftest(n: int, throw_at: int) -> int:
+    """Tests only: sum of [0, n) over the pool, bad_alloc thrown at ``throw_at`` (-1: none)."""
+    total = ctypes.c_int64()
+    _check(_library().audiofast_pool_selftest(n, throw_at, ctypes.byref(total)))
+    return total.value

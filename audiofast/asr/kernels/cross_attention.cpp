@@ -11,15 +11,14 @@
 
 namespace audiofast {
 
-void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const torch::Tensor& keys,
-                          const torch::Tensor& values, float* out) {
-  TORCH_CHECK(keys.scalar_type() == torch::kHalf && values.scalar_type() == torch::kHalf &&
-                  keys.is_contiguous() && values.is_contiguous() && keys.size(0) == heads &&
-                  keys.size(2) == kHeadDim && keys.sizes() == values.sizes(),
-              "keys and values must be contiguous (heads, frames, 64) float16");
+void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Array& keys,
+                          const Array& values, float* out) {
+  check(keys.is(kFloat16, 3) && keys.size(0) == heads && keys.size(2) == kHeadDim &&
+            values.dtype == kFloat16 && keys.same_shape(values),
+        "keys and values must be contiguous (heads, frames, 64) float16");
   const int64_t frames = keys.size(1), d = heads * kHeadDim;
-  const auto* k = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::Half>());
-  const auto* v = reinterpret_cast<const uint16_t*>(values.data_ptr<at::Half>());
+  const auto* k = keys.ptr<const uint16_t>();
+  const auto* v = values.ptr<const uint16_t>();
   parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(frames + 8);
     for (int64_t t = t0; t < t1; ++t) {

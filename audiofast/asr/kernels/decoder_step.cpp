@@ -9,7 +9,7 @@
 // products are summed exactly in int32, attention runs per row. So a row's logits do not
 // depend on how many rows share the call - a k-token draft verifies exactly as k single steps,
 // which is what makes speculative decoding lossless here.
-#include <torch/extension.h>
+#include "decoder_step.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,17 +25,20 @@ namespace audiofast {
 namespace {
 
 // decoder_forward's params, as fused_decoder.FusedDecoder lists them: 9 model-wide tensors,
-// then per layer three norms (weight, bias) and six linears (kTensorsPerLinear each).
+// then per layer three norms (weight, bias) and six linears (kArraysPerLinear each).
 enum Param : int { kEmbed = 0, kPositions = 1, kFinalNorm = 2, kHead = 4, kExactHead = 8,
                    kLayers = 9 };
 enum LayerParam : int { kSelfNorm = 0, kQkv = 2, kSelfOut = 6, kCrossNorm = 10, kCrossQ = 12,
                         kCrossOut = 16, kFfnNorm = 20, kFc1 = 22, kFc2 = 26, kLayerSize = 30 };
-static_assert(kLayerSize == 3 * 2 + 6 * kTensorsPerLinear);
+static_assert(kLayerSize == 3 * 2 + 6 * kArraysPerLinear);
 
-void layer_norm(const float* x, const torch::Tensor& weight, const torch::Tensor& bias,
-                int64_t rows, int64_t d, float* out) {
-  const float* w = weight.data_ptr<float>();
-  const float* b = bias.data_ptr<float>();
+void layer_norm(const float* x, const Array& weight, const Array& bias, int64_t rows, int64_t d,
+                float* out) {
+  check(weight.is(kFloat32, 1) && bias.is(kFloat32, 1) && weight.size(0) == d &&
+            bias.size(0) == d,
+        "decoder_forward: layer norms must be float32 (width,)");
+  const float* w = weight.ptr<float>();
+  const float* b = bias.ptr<float>();
   for (int64_t m = 0; m < rows; ++m) {
     const float* r = x + m * d;
     float* o = out + m * d;
@@ -74,60 +77,65 @@ void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t head
   });
 }
 
-}  // namespace
 
-// tokens (rows,) at positions start .. start + rows - 1 through every layer (or, with a cache
-// of several sequences, one token per sequence at position start); logits (last rows only
-// when last > 0) with the top `rescore` of each row recomputed from the fp32 head.
-// Every input's dtype, shape and layout, each failure one line naming the input: the op reads
-// raw pointers, so a wrong tensor must be refused before any is read.
-void check_inputs(const std::vector<torch::Tensor>& params, const torch::Tensor& k_cache,
-                  const torch::Tensor& v_cache, const std::vector<torch::Tensor>& cross_k,
-                  const std::vector<torch::Tensor>& cross_v, int64_t d) {
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat && k_cache.dim() == 5 &&
-                  k_cache.size(4) == kHeadDim && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == torch::kFloat,
-              "decoder_forward: k_cache and v_cache must be float32 (layers, sequences, heads, "
-              "n_ctx, 64) of one shape");
+// Every input's dtype and shape, each failure one line naming the input: the op reads raw
+// pointers, so a wrong array must be refused before any is read.
+void check_inputs(const Array* params, const Array& k_cache, const Array& v_cache,
+                  const Array* cross_k, const Array* cross_v, int64_t layers, int64_t d) {
+  check(k_cache.is(kFloat32, 5) && k_cache.size(4) == kHeadDim && v_cache.same_shape(k_cache) &&
+            v_cache.dtype == kFloat32,
+        "decoder_forward: k_cache and v_cache must be float32 (layers, sequences, heads, "
+        "n_ctx, 64) of one shape");
   for (int i : {kEmbed, kPositions})
-    TORCH_CHECK(params[i].scalar_type() == torch::kFloat && params[i].dim() == 2 &&
-                    params[i].size(1) == d && params[i].is_contiguous(),
-                "decoder_forward: embeddings must be contiguous float32 (n, width)");
-  for (size_t l = 0; l < cross_k.size(); ++l)
-    for (const auto* t : {&cross_k[l], &cross_v[l]})
-      TORCH_CHECK(t->scalar_type() == torch::kHalf && t->dim() == 3 && t->is_contiguous() &&
-                      t->size(0) == k_cache.size(2) && t->size(2) == kHeadDim &&
-                      t->sizes() == cross_k[l].sizes(),
-                  "decoder_forward: cross_k / cross_v must be contiguous float16 (heads, frames, "
-                  "64), one shape per layer");
+    check(params[i].is(kFloat32, 2) && params[i].size(1) == d,
+          "decoder_forward: embeddings must be contiguous float32 (n, width)");
+  for (int64_t l = 0; l < layers; ++l)
+    for (const Array* t : {&cross_k[l], &cross_v[l]})
+      check(t->is(kFloat16, 3) && t->size(0) == k_cache.size(2) && t->size(2) == kHeadDim &&
+                t->same_shape(cross_k[l]),
+            "decoder_forward: cross_k / cross_v must be contiguous float16 (heads, frames, 64), "
+            "one shape per layer");
 }
 
-torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
-                              std::vector<torch::Tensor> params, torch::Tensor k_cache,
-                              torch::Tensor v_cache, std::vector<torch::Tensor> cross_k,
-                              std::vector<torch::Tensor> cross_v, int64_t rescore) {
-  const auto& embed = params[kEmbed];
-  const auto& positions = params[kPositions];
-  const int64_t d = embed.size(1), rows = tokens.size(0), layers = k_cache.size(0);
+// The ids of the top `k` logits of a row (ties: the lower id), in no particular order.
+std::vector<int64_t> top_ids(const float* logits, int64_t n, int64_t k) {
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), [&](int64_t a, int64_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  ids.resize(k);
+  return ids;
+}
+
+}  // namespace
+
+void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t last,
+                     const Array* params, int64_t n_params, const Array& k_cache,
+                     const Array& v_cache, const Array* cross_k, const Array* cross_v,
+                     int64_t n_cross, int64_t rescore, float* logits, int64_t logits_size) {
+  check(rows > 0, "decoder_forward: tokens must be a non-empty 1-D int64 array");
+  check(n_params > kLayers && k_cache.ndim == 5,
+        "decoder_forward: parameters do not match the cache's layer count");
+  const Array& embed = params[kEmbed];
+  const Array& positions = params[kPositions];
+  const int64_t d = embed.size(1), layers = k_cache.size(0);
   const int64_t sequences = k_cache.size(1), heads = k_cache.size(2), n_ctx = k_cache.size(3);
   const Rows at{start, sequences};
-  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == torch::kLong && rows > 0,
-              "tokens must be a non-empty 1-D int64 tensor");
-  TORCH_CHECK(sequences == 1 || rows == sequences,
-              "with several cached sequences, give one token per sequence");
-  TORCH_CHECK(start >= 0 && at.position(rows - 1) < n_ctx, "positions exceed the decoder context");
-  TORCH_CHECK(heads * kHeadDim == d && d % 32 == 0, "model width must be heads x 64");
-  TORCH_CHECK(params.size() == kLayers + layers * kLayerSize && cross_k.size() == layers &&
-                  cross_v.size() == layers && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "decoder_forward: parameters do not match the cache's layer count");
-  check_inputs(params, k_cache, v_cache, cross_k, cross_v, d);
-  const int64_t* ids = tokens.data_ptr<int64_t>();
+  check(sequences == 1 || rows == sequences,
+        "decoder_forward: with several cached sequences, give one token per sequence");
+  check(start >= 0 && at.position(rows - 1) < n_ctx,
+        "decoder_forward: positions exceed the decoder context");
+  check(heads * kHeadDim == d && d % 32 == 0, "decoder_forward: model width must be heads x 64");
+  check(n_params == kLayers + layers * kLayerSize && n_cross == layers,
+        "decoder_forward: parameters do not match the cache's layer count");
+  check_inputs(params, k_cache, v_cache, cross_k, cross_v, layers, d);
   std::vector<float> x(rows * d);  // the residual stream
   float* xp = x.data();
   for (int64_t m = 0; m < rows; ++m) {
-    TORCH_CHECK(ids[m] >= 0 && ids[m] < embed.size(0), "token id out of the vocabulary");
-    const float* e = embed.data_ptr<float>() + ids[m] * d;
-    const float* pos = positions.data_ptr<float>() + at.position(m) * d;
+    check(ids[m] >= 0 && ids[m] < embed.size(0), "decoder_forward: token id out of the vocabulary");
+    const float* e = embed.ptr<float>() + ids[m] * d;
+    const float* pos = positions.ptr<float>() + at.position(m) * d;
     for (int64_t i = 0; i < d; ++i) xp[m * d + i] = e[i] + pos[i];
   }
   const int64_t ff = linear_at(params, kLayers + kFc1).out;
@@ -141,8 +149,8 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
     const auto cross_out = linear_at(params, base + kCrossOut);
     const auto fc1 = linear_at(params, base + kFc1), fc2 = linear_at(params, base + kFc2);
     const int64_t per_sequence = heads * n_ctx * kHeadDim;
-    float* kc = k_cache.data_ptr<float>() + l * sequences * per_sequence;
-    float* vc = v_cache.data_ptr<float>() + l * sequences * per_sequence;
+    float* kc = k_cache.ptr<float>() + l * sequences * per_sequence;
+    float* vc = v_cache.ptr<float>() + l * sequences * per_sequence;
 
     layer_norm(xp, params[base + kSelfNorm], params[base + kSelfNorm + 1], rows, d,
                normed.data());
@@ -177,28 +185,19 @@ torch::Tensor decoder_forward(torch::Tensor tokens, int64_t start, int64_t last,
   const float* tail = xp + (rows - out_rows) * d;
   layer_norm(tail, params[kFinalNorm], params[kFinalNorm + 1], out_rows, d, normed.data());
   const auto head = linear_at(params, kHead);
-  auto logits = torch::empty({out_rows, head.out});
-  linear(head, normed.data(), out_rows, logits.data_ptr<float>());
-  const auto& exact = params[kExactHead];
+  check(logits_size == out_rows * head.out, "decoder_forward: logits buffer of the wrong size");
+  linear(head, normed.data(), out_rows, logits);
+  const Array& exact = params[kExactHead];
   if (rescore > 0 && exact.numel() > 0) {
+    check(exact.is(kFloat32, 2) && exact.size(0) == head.out && exact.size(1) == d,
+          "decoder_forward: the exact head must be float32 (vocabulary, width)");
     // The int8 head's top candidates, exactly: near-ties among them decide words.
-    const auto top = std::get<1>(logits.topk(std::min(rescore, head.out), 1));
-    const auto ids_top = top.accessor<int64_t, 2>();
-    float* lp = logits.data_ptr<float>();
-    for (int64_t m = 0; m < out_rows; ++m)
-      for (int64_t j = 0; j < top.size(1); ++j) {
-        const int64_t id = ids_top[m][j];
-        lp[m * head.out + id] = dot(exact.data_ptr<float>() + id * d, &normed[m * d], d);
-      }
+    for (int64_t m = 0; m < out_rows; ++m) {
+      float* row = logits + m * head.out;
+      for (int64_t id : top_ids(row, head.out, std::min(rescore, head.out)))
+        row[id] = dot(exact.ptr<float>() + id * d, &normed[m * d], d);
+    }
   }
-  return logits;
 }
 
 }  // namespace audiofast
-
-TORCH_LIBRARY_FRAGMENT(audiofast, m) {
-  // The caches are written in place: (a!) / (b!) tell the dispatcher (and torch.compile).
-  m.def("decoder_forward(Tensor tokens, int start, int last, Tensor[] params, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor[] cross_k, Tensor[] cross_v, int rescore) -> Tensor",
-        audiofast::decoder_forward);
-}

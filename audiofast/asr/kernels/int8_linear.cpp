@@ -145,30 +145,28 @@ inline void dequantize16(const int32_t* sums, RowScale q, const int32_t* wsum, c
   }
 }
 
+}  // namespace
+
 bool use_vnni() {
   static const bool vnni = __builtin_cpu_supports("avx512vnni") &&
                            __builtin_cpu_supports("avx512bw") && !std::getenv("AUDIOFAST_NO_VNNI");
   return vnni;
 }
 
-}  // namespace
-
-Int8Linear linear_at(const std::vector<torch::Tensor>& p, size_t i) {
-  const auto& w = p[i];
-  TORCH_CHECK(w.scalar_type() == torch::kChar && w.dim() == 3 && w.is_contiguous() &&
-                  w.size(2) == 4 * kBlock && w.size(1) % 8 == 0,
-              "int8 linear weights must be packed (blocks, in / 4, 64) int8 with in % 32 == 0");
+Int8Linear linear_at(const Array* p, size_t i) {
+  const Array& w = p[i];
+  check(w.is(kInt8, 3) && w.size(2) == 4 * kBlock && w.size(1) % 8 == 0,
+        "int8 linear weights must be packed (blocks, in / 4, 64) int8 with in % 32 == 0");
   const int64_t out = p[i + 3].numel();
-  TORCH_CHECK(out > 0 && (out + kBlock - 1) / kBlock == w.size(0),
-              "int8 linear: the packed weight's blocks do not match the bias");
-  for (size_t j = 1; j < kTensorsPerLinear; ++j)
-    TORCH_CHECK(p[i + j].is_contiguous() && p[i + j].numel() == out,
-                "int8 linear scale, row sums and bias must have one value per output");
-  TORCH_CHECK(p[i + 1].scalar_type() == torch::kFloat && p[i + 2].scalar_type() == torch::kInt &&
-                  p[i + 3].scalar_type() == torch::kFloat,
-              "int8 linear scale and bias must be float32, row sums int32");
-  return {w.data_ptr<int8_t>(), p[i + 1].data_ptr<float>(), p[i + 2].data_ptr<int32_t>(),
-          p[i + 3].data_ptr<float>(), out, w.size(1) * 4, w.size(0)};
+  check(out > 0 && (out + kBlock - 1) / kBlock == w.size(0),
+        "int8 linear: the packed weight's blocks do not match the bias");
+  for (size_t j = 1; j < kArraysPerLinear; ++j)
+    check(p[i + j].numel() == out,
+          "int8 linear scale, row sums and bias must have one value per output");
+  check(p[i + 1].dtype == kFloat32 && p[i + 2].dtype == kInt32 && p[i + 3].dtype == kFloat32,
+        "int8 linear scale and bias must be float32, row sums int32");
+  return {w.ptr<int8_t>(), p[i + 1].ptr<float>(), p[i + 2].ptr<int32_t>(),
+          p[i + 3].ptr<float>(), out, w.size(1) * 4, w.size(0)};
 }
 
 // y (rows, out) = L(x (rows, in)), each row quantized alone; blocks of outputs across
@@ -220,19 +218,6 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
   });
 }
 
-// One int8 linear on (rows, in) float32 rows: what decoder_forward runs for each projection.
-torch::Tensor int8_linear(torch::Tensor x, std::vector<torch::Tensor> linear_tensors) {
-  TORCH_CHECK(linear_tensors.size() == kTensorsPerLinear,
-              "int8_linear takes (weight, scale, row sums, bias)");
-  const auto L = linear_at(linear_tensors, 0);
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == L.in && x.scalar_type() == torch::kFloat,
-              "x must be (rows, in) float32");
-  x = x.contiguous();
-  auto y = torch::empty({x.size(0), L.out});
-  linear(L, x.data_ptr<float>(), x.size(0), y.data_ptr<float>());
-  return y;
-}
-
 // Tests only: a parallel loop over [0, n) whose slice holding index throw_at throws
 // std::bad_alloc (-1: none); returns the sum of the indices. Shows a worker's exception reaching
 // the caller as an error instead of ending the process.
@@ -248,12 +233,3 @@ int64_t pool_selftest(int64_t n, int64_t throw_at) {
 }
 
 }  // namespace audiofast
-
-TORCH_LIBRARY(audiofast, m) {
-  m.def("int8_linear(Tensor x, Tensor[] linear) -> Tensor", audiofast::int8_linear);
-  m.def("_pool_selftest(int n, int throw_at) -> int", audiofast::pool_selftest);
-  // Which dot-product path int8_linear takes here ("avx512_vnni" or "avx2"), so a test can
-  // assert the path it meant to compare ran.
-  m.def("int8_isa() -> str", [] { return std::string(audiofast::use_vnni() ? "avx512_vnni"
-                                                                           : "avx2"); });
-}

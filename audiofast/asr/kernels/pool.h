@@ -1,6 +1,6 @@
 // A tiny thread pool for the decoder's many short parallel loops.
 //
-// A decoder token is ~60 loops of 5-50 us each. With OpenMP (at::parallel_for) each loop wakes
+// A decoder token is ~60 loops of 5-50 us each. With OpenMP (torch's parallel_for) each loop wakes
 // the other thread; once CTranslate2's encoder has run in the same process, libgomp stops
 // spinning between loops and every wake-up is a futex round trip: a token measured 1.6 ms
 // before the first encode and 4.4 ms after it (OMP_WAIT_POLICY=PASSIVE gives the same 4.4).
@@ -8,7 +8,6 @@
 // token's loops and the Python between tokens - and only then sleep. Safe to call from several
 // threads, across fork(), and with jobs that throw (see parallel_for).
 #pragma once
-#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -122,7 +121,7 @@ class Pool {
 };
 
 // The process's pool and the lock every parallel loop holds: two engines in two threads take
-// turns (a loop is microseconds), and the pool is only rebuilt for a new torch thread count
+// turns (a loop is microseconds), and the pool is only rebuilt for a new thread count
 // while no loop runs on it. fork() is prepared for: the lock is held across it so no loop is
 // mid-flight, and the child starts with a fresh lock and no pool (its copy has no threads).
 struct PoolState {
@@ -145,11 +144,15 @@ struct PoolState {
   }
 };
 
-// job(begin, end) over slices of [0, n) on torch's current thread count.
+// Threads every parallel loop uses (set_threads in kernels/__init__.py; 0: this machine's).
+inline std::atomic<int> pool_threads{0};
+
+// job(begin, end) over slices of [0, n) on pool_threads threads.
 inline void parallel_for(int64_t n, const Pool::Job& job) {
   PoolState& s = PoolState::state();
   std::lock_guard<std::mutex> guard(s.lock);
-  const int want = std::max(1, at::get_num_threads());
+  const int set = pool_threads.load(std::memory_order_relaxed);
+  const int want = std::max(1, set > 0 ? set : static_cast<int>(std::thread::hardware_concurrency()));
   if (!s.pool || s.pool->threads() != want) {
     delete s.pool;
     s.pool = new Pool(want);

@@ -1,0 +1,73 @@
+// The library's C interface, called from Python through ctypes (kernels/__init__.py).
+//
+// Every function returns a status (0: done; 1: bad input, raised as ValueError; 2: out of
+// memory, MemoryError; 3: anything else, RuntimeError) and leaves the message for
+// audiofast_last_error(). No exception crosses into Python.
+#include <cstdint>
+#include <new>
+#include <string>
+
+#include "array.h"
+#include "decoder_step.h"
+#include "int8_linear.h"
+#include "pool.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const audiofast::InputError& e) {
+    last_error = e.what();
+    return 1;
+  } catch (const std::bad_alloc&) {
+    last_error = "out of memory";
+    return 2;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 3;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* audiofast_last_error() { return last_error.c_str(); }
+
+int audiofast_decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t last,
+                              const audiofast::Array* params, int64_t n_params,
+                              const audiofast::Array* k_cache, const audiofast::Array* v_cache,
+                              const audiofast::Array* cross_k, const audiofast::Array* cross_v,
+                              int64_t n_cross, int64_t rescore, float* logits,
+                              int64_t logits_size) {
+  return guarded([&] {
+    audiofast::decoder_forward(ids, rows, start, last, params, n_params, *k_cache, *v_cache,
+                               cross_k, cross_v, n_cross, rescore, logits, logits_size);
+  });
+}
+
+// y (rows, out) = the int8 linear whose four arrays are `linear`, on x (rows, in) float32.
+int audiofast_int8_linear(const float* x, int64_t rows, int64_t in,
+                          const audiofast::Array* linear, float* y, int64_t y_size) {
+  return guarded([&] {
+    const auto L = audiofast::linear_at(linear, 0);
+    audiofast::check(in == L.in, "int8_linear: x must be (rows, in) float32");
+    audiofast::check(y_size == rows * L.out, "int8_linear: output buffer of the wrong size");
+    audiofast::linear(L, x, rows, y);
+  });
+}
+
+int audiofast_pool_selftest(int64_t n, int64_t throw_at, int64_t* total) {
+  return guarded([&] { *total = audiofast::pool_selftest(n, throw_at); });
+}
+
+// Which dot-product path int8 linears take here: 1 AVX-512 VNNI, 0 AVX2.
+int audiofast_uses_vnni() { return audiofast::use_vnni() ? 1 : 0; }
+
+void audiofast_set_threads(int threads) { audiofast::pool_threads.store(threads); }
+}
