@@ -198,24 +198,33 @@ print("".join(s.text for s in segments).strip())
 """
 
 
-def cold_process(model: str, clips: list[EvalClip], runs: int, threads: int) -> list[dict]:
-    """Whole processes as a user starts them from the shell (``audiofast transcribe`` vs a
-    five-line faster-whisper script, both greedy, ``--language en``), alternated, each run
-    under ``/usr/bin/time``: wall seconds (median) and peak resident memory (max)."""
+def cold_process(model: str, clips: list[EvalClip], runs: int, threads: int,
+                 baseline: Path | None = None) -> list[dict]:
+    """Whole processes as a user starts them from the shell (``audiofast transcribe``, also
+    with ``--engine ct2``, vs a five-line faster-whisper script, all greedy, ``--language
+    en``), alternated, each run under ``/usr/bin/time``: wall seconds (median) and peak
+    resident memory (max). ``baseline``: another checkout's CLI as one more row."""
     import subprocess
     import sys
 
     from audiofast.models import resolve_model
 
     audiofast_cli = str(Path(sys.executable).with_name("audiofast"))
+    args = lambda clip: ["transcribe", str(clip.audio), "--model", model,  # noqa: E731
+                         "--language", "en", "--threads", str(threads)]
     commands = {
-        "audiofast (cold process)": lambda clip: [
-            audiofast_cli, "transcribe", str(clip.audio), "--model", model, "--language", "en",
-            "--threads", str(threads)],
+        "audiofast (cold process)": lambda clip: [audiofast_cli, *args(clip)],
+        "audiofast --engine ct2 (cold process)": lambda clip: [
+            audiofast_cli, *args(clip), "--engine", "ct2"],
         "faster-whisper (cold process)": lambda clip: [
             sys.executable, "-c", FW_SCRIPT, str(resolve_model(model).ct2_dir), str(clip.audio),
             str(threads)],
     }
+    if baseline is not None:
+        code = (f"import sys; sys.path.insert(0, {str(baseline)!r}); "
+                "from audiofast.cli import entry; entry()")
+        commands[f"audiofast at {baseline.name} (cold process)"] = lambda clip: [
+            sys.executable, "-c", code, *args(clip)]
     rows = []
     for clip in clips:
         walls: dict[str, list[float]] = {name: [] for name in commands}
@@ -240,6 +249,32 @@ def cold_process(model: str, clips: list[EvalClip], runs: int, threads: int) -> 
         print(f"| {r['engine']} | {r['clip']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
               f"{100 * r['wer']:.1f}% |")
     return rows
+
+
+def plot_cold(rows: list[dict], path: Path) -> None:
+    """Wall seconds and peak RSS per process and clip, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clips = list(dict.fromkeys(r["clip"] for r in rows))
+    names = list(dict.fromkeys(r["engine"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(names)
+    for k, name in enumerate(names):
+        mine = [next(r for r in rows if r["engine"] == name and r["clip"] == c) for c in clips]
+        xs = [i + k * width for i in range(len(clips))]
+        axes[0].bar(xs, [r["seconds"] for r in mine], width,
+                    label=name.split("/")[0].replace(" (cold process)", ""))
+        axes[1].bar(xs, [r["peak_rss_mb"] for r in mine], width)
+    for ax, title in zip(axes, ("wall s (median)", "peak RSS MB"), strict=True):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(clips))], clips)
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("cold process: audiofast transcribe vs faster-whisper")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -268,6 +303,8 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=0, metavar="RUNS",
                         help="only whole-process rows: audiofast transcribe vs faster-whisper "
                         "from the shell, RUNS each, alternated (wall time and peak RSS)")
+    parser.add_argument("--cold-baseline", type=Path, default=None, metavar="CHECKOUT",
+                        help="with --cold: one more row running the CLI of this checkout")
     parser.add_argument("--out", type=Path, default=Path("results/bench_asr.json"))
     args = parser.parse_args()
 
@@ -279,11 +316,17 @@ def main() -> None:
     results = []
     if args.cold:
         for model in args.models:
-            results += cold_process(model, clips, args.cold, args.threads)
+            results += cold_process(model, clips, args.cold, args.threads, args.cold_baseline)
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
         args.out.write_text(json.dumps({"meta": {"cold_runs": args.cold, "threads":
-                                                 args.threads}, "results": results}, indent=2))
-        print(f"wrote {args.out}")
+                                                 args.threads, "commit": commit},
+                                        "results": results}, indent=2))
+        plot_cold(results, args.out.with_suffix(".png"))
+        print(f"wrote {args.out} and its .png")
         return
     for model in args.models:
         engines = {
