@@ -13,6 +13,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="as for transcribe (default: whisper-base)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: --token)")
     p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                   help="also serve OpenAI's audio API (/v1/audio/transcriptions, "
+                   "/v1/audio/translations, /v1/models) on this port")
     p.add_argument("--max-sessions", type=int, default=8)
     p.add_argument("--token", default=None, help="bearer token clients must present (shows "
                    "in ps: prefer --token-file or $AUDIOFAST_TOKEN)")
@@ -50,11 +53,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"audiofast: error: {e}") from None
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
-                            allow_origins=tuple(args.allow_origin))
+                            allow_origins=tuple(args.allow_origin), http_port=args.http_port,
+                            model_name=args.model or "whisper-base")
     runtime = load_model(args.model, args.engine, threads=args.threads)
     server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
-          f"http://{args.host}:{args.port}/ (WebSocket: ws://{args.host}:{args.port}/asr)",
+          f"http://{args.host}:{args.port}/ (WebSocket: ws://{args.host}:{args.port}/asr)"
+          + (f"; OpenAI API: http://{args.host}:{args.http_port}/v1" if args.http_port else ""),
           file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve_forever())

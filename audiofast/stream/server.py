@@ -65,6 +65,11 @@ class ServerOptions:
     # Kernel send buffer per connection. Autotuned, it grows to megabytes and a reader that
     # stops reading would take hours of events to fill it before ``max_outbox`` could trip.
     send_buffer_bytes: int = 64 * 1024
+    # OpenAI's audio API (openai_api.py) on this port; None: off; 0: any free port.
+    http_port: int | None = None
+    model_name: str = "whisper-base"  # the model id /v1/models lists
+    max_upload_bytes: int = 100 * 2**20
+    max_upload_s: float = 3600.0
 
 
 class TranscriptionServer:
@@ -88,11 +93,31 @@ class TranscriptionServer:
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> Server:
         self.scheduler.start()
+        if self.options.http_port is not None:
+            await self._start_http()
         return await serve(
             self._handle, self.options.host, self.options.port,
             process_request=self._process_request, max_size=self.options.max_frame_bytes,
             max_queue=32, compression=None,
         )
+
+    async def _start_http(self) -> None:
+        """OpenAI's audio API (openai_api.py) on its own port, in this event loop."""
+        import uvicorn
+
+        from audiofast.stream.openai_api import create_app
+
+        config = uvicorn.Config(create_app(self), host=self.options.host,
+                                port=self.options.http_port, log_level="warning",
+                                lifespan="off")
+        self.http = uvicorn.Server(config)
+        self._http_task = asyncio.create_task(self.http.serve())
+        while not self.http.started:
+            if self._http_task.done():  # the port is taken, say: report it, do not hang
+                self._http_task.result()
+                raise OSError(f"the HTTP API could not start on port {self.options.http_port}")
+            await asyncio.sleep(0.01)
+        self.http_port = self.http.servers[0].sockets[0].getsockname()[1]
 
     async def serve_forever(self) -> None:
         server = await self.start()
@@ -294,11 +319,17 @@ class ServerThread:
         self._ws = asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
         port = self._ws.sockets[0].getsockname()[1]
         self.http_url = f"http://{self.server.options.host}:{port}/"
+        if self.server.options.http_port is not None:
+            self.api_url = f"http://{self.server.options.host}:{self.server.http_port}/v1"
         return f"ws://{self.server.options.host}:{port}/asr"
 
     def __exit__(self, *exc: object) -> None:
         async def stop() -> None:
             self.server.scheduler.stopping = True
+            if self.server.options.http_port is not None:
+                self.server.http.should_exit = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.server._http_task, 10)
             self._ws.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ws.wait_closed(), 10)
