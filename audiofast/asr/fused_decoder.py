@@ -103,10 +103,11 @@ class FusedDecoder:
     def tensors(self) -> dict[str, np.ndarray]:
         return self._tensors
 
-    def project_audio(self, encoder_out: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def project_audio(self, encoder_out: np.ndarray) -> tuple:
         """Cross-attention K and V per layer, (heads, frames, 64) fp16, once per window: read
         whole on every token (36 MB at 1500 frames in fp32, more than L3), so stored in fp16
-        (~1e-4 relative rounding, below int8's elsewhere) and widened in registers."""
+        (~1e-4 relative rounding, below int8's elsewhere) and widened in registers. Returns
+        (keys, values, their C arrays for the kernel)."""
         enc = np.asarray(encoder_out, dtype=np.float32).reshape(-1, self.d_model)
         keys, values = [], []
         for project in self.cross_kv:
