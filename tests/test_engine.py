@@ -158,7 +158,7 @@ def test_packed_weights_cache_is_reused_and_survives_corruption(tmp_path, monkey
         out.append(engine(tokens, 0))
     assert np.array_equal(out[0], out[1])
     assert not cached["embed"].flags.writeable  # memory-mapped, read-only
-    (file,) = (tmp_path / "packed").glob("*.npk")
+    (file,) = (tmp_path / "packed").glob("*.safetensors")
     file.write_bytes(file.read_bytes()[:1000])
     again = load_or_pack(folder / "model.bin", None, pack)
     assert len(packs) == 2 and np.array_equal(again["embed"], fresh["embed"])

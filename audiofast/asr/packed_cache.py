@@ -1,11 +1,12 @@
 """The fused decoder's packed weights on disk, so a process starts without re-packing them.
 
 Quantizing and packing whisper-base's decoder took ~1.3 s of every start (and needs torch);
-the packed arrays are saved once and memory-mapped on later starts: pages are read as the
-decoder touches them and shared between processes. The file is one JSON header (name ->
-dtype, shape, offset) and the arrays at 64-byte aligned offsets, written to a temporary name
-and renamed, so a crash never leaves half a file. It is keyed by the model's bytes (path,
-size, mtime), the head cut, the kernel build and the packing code, so any change packs afresh.
+the packed arrays are saved once (a safetensors file, written to a temporary name and
+renamed, so a crash never leaves half a file) and memory-mapped with numpy on later starts
+(the safetensors library copies arrays into memory; its format is a length, a JSON header and
+the raw bytes, read here in place): pages are read as the decoder touches them and shared
+between processes. It is keyed by the model's bytes (path, size, mtime), the head cut, the
+kernel build and the packing code, so any change packs afresh.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _CODE = ("int8_pack.py", "fused_decoder.py", "decoder_weights.py", "packed_cache.py")
-_MAGIC = b"AFPACK1\n"
-_ALIGN = 64
+_DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I32": np.int32, "I64": np.int64}
 
 
 def _torch_version() -> str:  # packing uses torch's quantization observers
@@ -48,40 +48,29 @@ def cache_key(model_file: Path, head_ids: np.ndarray | None) -> str:
 
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write ``arrays`` as one file (atomically: a temporary name, then a rename)."""
-    header, offset = {}, 0
-    for name, a in arrays.items():
-        header[name] = [a.dtype.str, list(a.shape), offset]
-        offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    head = json.dumps(header).encode()
-    start = -(-(len(_MAGIC) + 8 + len(head)) // _ALIGN) * _ALIGN
+    """Write ``arrays`` as a safetensors file (atomically: a temporary name, then a rename)."""
+    from safetensors.numpy import save_file
+
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-        for name, a in arrays.items():
-            f.seek(start + header[name][2])
-            f.write(np.ascontiguousarray(a).tobytes())
-        f.truncate(start + offset)
+    save_file({k: np.require(a, requirements="C") for k, a in arrays.items()}, str(tmp))
     os.replace(tmp, path)
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of a :func:`save_arrays` file, memory-mapped read-only."""
+    """The arrays of a safetensors file, memory-mapped read-only (no copy)."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    if bytes(data[: len(_MAGIC)]) != _MAGIC:
-        raise ValueError("not a packed-decoder file")
-    size = int.from_bytes(bytes(data[len(_MAGIC) : len(_MAGIC) + 8]), "little")
-    head_end = len(_MAGIC) + 8 + size
-    header = json.loads(bytes(data[len(_MAGIC) + 8 : head_end]))
-    start = -(-head_end // _ALIGN) * _ALIGN
+    size = int.from_bytes(bytes(data[:8]), "little")
+    if not 2 <= size <= data.size - 8:
+        raise ValueError("not a safetensors file")
+    header = json.loads(bytes(data[8 : 8 + size]))
     arrays = {}
-    for name, (dtype, shape, offset) in header.items():
-        dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        begin = start + offset
-        if begin + count * dtype.itemsize > data.size:
-            raise ValueError(f"packed-decoder file truncated at {name}")
-        arrays[name] = data[begin : begin + count * dtype.itemsize].view(dtype).reshape(shape)
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = (8 + size + offset for offset in entry["data_offsets"])
+        if end > data.size:
+            raise ValueError(f"safetensors file truncated at {name}")
+        arrays[name] = data[begin:end].view(_DTYPES[entry["dtype"]]).reshape(tuple(entry["shape"]))
     return arrays
 
 
@@ -91,7 +80,7 @@ def load_or_pack(model_file: Path, head_ids: np.ndarray | None,
     and stored (a cache that cannot be written or read is only slower, never an error)."""
     from audiofast.cache import cache_dir
 
-    path = cache_dir() / "packed" / f"{cache_key(model_file, head_ids)}.npk"
+    path = cache_dir() / "packed" / f"{cache_key(model_file, head_ids)}.safetensors"
     if path.is_file():
         try:
             return load_arrays(path)

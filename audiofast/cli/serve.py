@@ -53,8 +53,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         raise SystemExit(f"audiofast: error: {e}") from None
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
-                            allow_origins=tuple(args.allow_origin), http_port=args.http_port,
-                            model_name=args.model or "whisper-base")
+                            allow_origins=tuple(args.allow_origin), http_port=args.http_port)
     runtime = load_model(args.model, args.engine, threads=args.threads)
     server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "

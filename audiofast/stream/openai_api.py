@@ -52,7 +52,7 @@ def create_app(server: TranscriptionServer) -> FastAPI:
     """The HTTP API over ``server``'s model and engine lock."""
     app = FastAPI(title="audiofast", docs_url=None, redoc_url=None, openapi_url=None)
     options = server.options
-    model_name = options.model_name
+    model_name = server.decoder.spec  # the loaded model, as /v1/models lists it
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:

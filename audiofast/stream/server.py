@@ -67,7 +67,6 @@ class ServerOptions:
     send_buffer_bytes: int = 64 * 1024
     # OpenAI's audio API (openai_api.py) on this port; None: off; 0: any free port.
     http_port: int | None = None
-    model_name: str = "whisper-base"  # the model id /v1/models lists
     max_upload_bytes: int = 100 * 2**20
     max_upload_s: float = 3600.0
 
