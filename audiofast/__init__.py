@@ -14,11 +14,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``audiofast.load_model`` (asr/runtime.py), imported on first use: ``import audiofast``
-    itself stays free of torch and CTranslate2, since the CLI and the GOMP setting above need
-    it before either loads."""
+    """``audiofast.load_model`` (asr/runtime.py) and the options, imported on first use:
+    ``import audiofast`` itself stays free of torch and CTranslate2, since the CLI and the GOMP
+    setting above need it before either loads."""
     if name == "load_model":
         from audiofast.asr.runtime import load_model
 
         return load_model
+    if name in ("TranscribeOptions", "DecodingOptions"):
+        from audiofast.asr import options
+
+        return getattr(options, name)
     raise AttributeError(f"module 'audiofast' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.runtime import load_model
 from audiofast.eval.datasets import EvalClip, real_speech_clips
 from audiofast.eval.roundtrip import ENCODERS, parse_asr_spec
@@ -50,7 +50,7 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = load_model(model, "ct2", threads=threads, encoder=spec.encoder)
-    options = DecodingOptions(beam_size=beam_size, window_pad=window_pad, language=language)
+    options = TranscribeOptions(beam_size=beam_size, window_pad=window_pad, language=language)
     if ct2:
         options = replace(options, **spec.options)
 

@@ -46,14 +46,14 @@ def main() -> None:
 
     from faster_whisper import WhisperModel
 
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
     from audiofast.models import resolve_model
 
     audio, reference = gappy_file()
     fw = WhisperModel(str(resolve_model(args.model).ct2_dir), device="cpu",
                       compute_type="int8", cpu_threads=args.threads)
     ours = audiofast.load_model(args.model, threads=args.threads)
-    options = DecodingOptions(language="en", window_pad=None)  # 30 s windows, as faster-whisper
+    options = TranscribeOptions(language="en", window_pad=None)  # 30 s windows, as faster-whisper
 
     def fw_run(vad: bool, threshold: float | None) -> str:
         segments, _ = fw.transcribe(audio, beam_size=1, language="en", vad_filter=vad,

@@ -22,7 +22,7 @@ import torch
 
 from audiofast.asr.fast_runtime import FastWhisper
 from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.distill.asr import (
     VocabDietRecipe,
@@ -97,7 +97,7 @@ def _model_path(row: dict, workdir: Path) -> str:
 
 def evaluate(model: str, clips, threads: int) -> dict:
     runtime = FastWhisper(model, threads=threads, precision="int8")
-    options = DecodingOptions(language="en")
+    options = TranscribeOptions(language="en")
     refs, hyps, domain_refs, domain_hyps = [], [], [], []
     for name, audio, reference in clips:
         text = runtime.transcribe(audio, options, progress=False).text

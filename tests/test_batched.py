@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from audiofast.asr.batched import chunk_bounds
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import wer
 
-BATCHED = DecodingOptions(language="en", batch_size=8, chunk_length=15, window_pad=5)
+BATCHED = TranscribeOptions(language="en", batch_size=8, chunk_length=15, window_pad=5)
 
 
 def test_chunks_cover_the_audio_and_cut_in_pauses():
@@ -83,6 +83,6 @@ def test_chunk_length_must_leave_room(base, clips):
     for bad in (0, 31):
         with pytest.raises(ValueError, match="chunk_length"):
             base.transcribe(clips["beckett"].audio,
-                            DecodingOptions(batch_size=4, chunk_length=bad))
+                            TranscribeOptions(batch_size=4, chunk_length=bad))
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
-        base.transcribe(clips["beckett"].audio, DecodingOptions(batch_size=-2))
+        base.transcribe(clips["beckett"].audio, TranscribeOptions(batch_size=-2))

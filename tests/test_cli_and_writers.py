@@ -125,19 +125,19 @@ def test_load_model_auto_picks_the_fused_decoder_where_it_may(clips):
     from audiofast.asr import kernels
     from audiofast.asr.ct2_runtime import CT2Whisper
     from audiofast.asr.fast_runtime import FastWhisper
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
     from audiofast.asr.runtime import AutoWhisper
 
     auto = audiofast.load_model("whisper-tiny.en", threads=1)
     assert isinstance(auto, AutoWhisper)
-    greedy = auto.runtime_for(DecodingOptions())
+    greedy = auto.runtime_for(TranscribeOptions())
     assert isinstance(greedy, FastWhisper if kernels.is_built() else CT2Whisper)
     if kernels.is_built():
         assert greedy.ct2 is auto.ct2  # one CTranslate2 model encodes for both
-    for options in (DecodingOptions(beam_size=5), DecodingOptions(batch_size=4)):
+    for options in (TranscribeOptions(beam_size=5), TranscribeOptions(batch_size=4)):
         assert auto.runtime_for(options) is auto.ct2
     beckett = clips["beckett"].audio
-    assert "Fail better" in auto.transcribe(beckett, DecodingOptions(beam_size=2)).text
+    assert "Fail better" in auto.transcribe(beckett, TranscribeOptions(beam_size=2)).text
     assert "Fail better" in auto.transcribe(beckett).text
     assert isinstance(audiofast.load_model("whisper-tiny.en", compute_type="float32"),
                       CT2Whisper)

@@ -37,7 +37,7 @@ def test_text_that_cannot_fit_its_window_is_dropped(tokenizer) -> None:
     """A window holding 0.23 s of audio cannot say a 13-word sentence: its segments are dropped
     (the window consumed as silence); the same tokens over 5 s of audio are kept."""
     from audiofast.asr.longform import WindowResult, accept_window
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
 
     ts = tokenizer.timestamp_begin
     text = tokenizer.encode(" It was the epoch of belief, it was the epoch of truth.")
@@ -45,7 +45,7 @@ def test_text_that_cannot_fit_its_window_is_dropped(tokenizer) -> None:
     for frames, kept in ((23, 0), (500, 1)):
         result = WindowResult(list(tokens), avg_logprob=-0.87, no_speech_prob=0.1)
         segments, history = [], []
-        consumed = accept_window(result, tokenizer, 1280, frames, 60.0, DecodingOptions(),
+        consumed = accept_window(result, tokenizer, 1280, frames, 60.0, TranscribeOptions(),
                                  history, segments)
         assert len(segments) == kept and consumed == frames
         assert history == (tokens if kept else [])

@@ -10,7 +10,7 @@ from audiofast.asr.drafters.model import draft_from_target, save_head_ids
 from audiofast.asr.drafters.ngram import NgramDrafter, build_table
 from audiofast.asr.engine import WhisperDecoderEngine
 from audiofast.asr.fast_runtime import FastWhisper
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.eval.wer import wer
 from audiofast.models.ct2_to_hf import whisper_from_ct2
 
@@ -203,7 +203,7 @@ def test_plain_int8_greedy_holds_wer_on_real_speech(fast_int8, clips, clip):
     of the head's top candidates): with fbgemm's per-tensor defaults beckett gained a
     hallucinated "Fail again." (16.7 % WER). The bound is faster-whisper's worst clip:
     two_cities at 3 errors in 119 words (2.52 %); the others it gets exactly."""
-    options = DecodingOptions(language="en", window_pad=2)
+    options = TranscribeOptions(language="en", window_pad=2)
     fast_int8.drafter_name = "none"
     text = fast_int8.transcribe(clips[clip].audio, options).text
     assert wer(clips[clip].reference, text) <= 3 / 119, text
@@ -230,7 +230,7 @@ def test_forked_samples_decode_as_alone(fast_int8, clips):
         engine(prompt, 0)
         for t in range(3):
             assert np.array_equal(forked[t][i], engine([tokens[t]], 4 + t)[0])
-    options = DecodingOptions(language="en")
+    options = TranscribeOptions(language="en")
     rules = fast_int8.rules(options, prompt)
     one = sample_decode_forked(engine, prompt, rules, 60, 0.8, np.random.default_rng(5),
                                samples=1)[0]

@@ -6,7 +6,7 @@ import torch
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import wer
 
@@ -48,7 +48,7 @@ def test_matches_the_pytorch_encoder_at_full_and_short_lengths(ov_base, clips):
 
 def test_real_speech_through_the_openvino_encoder(ov_base, clips):
     for name in ("two_cities", "beckett", "clone-test"):
-        result = ov_base.transcribe(clips[name].audio, DecodingOptions(window_pad=10.0))
+        result = ov_base.transcribe(clips[name].audio, TranscribeOptions(window_pad=10.0))
         assert wer(clips[name].reference, result.text) <= 0.05, (name, result.text)
 
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer
 from audiofast.stream.decoder import DecodeRequest, StreamDecoder
@@ -73,7 +73,7 @@ def test_stream_word_times_follow_the_offline_words(live, clips):
     finals, _ = run_session(StreamDecoder(live), audio)
     streamed = [w for e in finals for w in e["words"]]
     offline = [w for s in live.transcribe(
-        audio, DecodingOptions(language="en", word_timestamps=True)).segments for w in s.words]
+        audio, TranscribeOptions(language="en", word_timestamps=True)).segments for w in s.words]
     norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
     pairs = [(streamed[b.a + k], offline[b.b + k]) for b in difflib.SequenceMatcher(
         None, [norm(w["w"]) for w in streamed], [norm(w.word) for w in offline]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from audiofast.asr.longform import split_segments
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import wer
 
@@ -44,21 +44,21 @@ def test_language_detection_and_english_only_guard(base, tiny, clips):
     result = base.transcribe(clips["beckett"].audio)
     assert result.language == "en" and result.language_probability > 0.5
     with pytest.raises(ValueError, match="English-only"):
-        tiny.transcribe(clips["beckett"].audio, DecodingOptions(language="fr"))
+        tiny.transcribe(clips["beckett"].audio, TranscribeOptions(language="fr"))
 
 
 def test_without_timestamps_same_words(base, clips):
     """At most one word off: CTranslate2's int8 on an AVX-512 VNNI CPU hears "Never tried"
     here without timestamps (measured), on AVX2 "Ever tried"."""
     clip = clips["beckett"]
-    result = base.transcribe(clip.audio, DecodingOptions(without_timestamps=True))
+    result = base.transcribe(clip.audio, TranscribeOptions(without_timestamps=True))
     assert wer(clip.reference, result.text) <= 1 / 12, result.text
     assert len(result.segments) == 1
 
 
 def test_beam_search(base, clips):
     clip = clips["endgame_nagg_nell"]
-    result = base.transcribe(clip.audio, DecodingOptions(beam_size=5))
+    result = base.transcribe(clip.audio, TranscribeOptions(beam_size=5))
     assert wer(clip.reference, result.text) <= 0.05
 
 
@@ -69,7 +69,7 @@ def test_silence_gives_no_text(base):
     enough to be skipped too."""
     rng = np.random.default_rng(0)
     quiet_noise = (rng.standard_normal(16000 * 5) * 1e-4).astype(np.float32)
-    english_greedy = DecodingOptions(language="en", temperatures=(0.0,))
+    english_greedy = TranscribeOptions(language="en", temperatures=(0.0,))
     for audio in (np.zeros(16000 * 5, dtype=np.float32), quiet_noise):
         assert base.transcribe(audio, english_greedy).text == ""
         assert base.transcribe(audio).text == ""
@@ -118,7 +118,7 @@ def test_window_pad_keeps_the_transcript(base, clips):
     retries = 0
     for name, bound in REAL_SPEECH_BOUNDS["whisper-base"].items():
         clip = clips[name]
-        padded = base.transcribe(clip.audio, DecodingOptions(language="en", window_pad=2.0))
+        padded = base.transcribe(clip.audio, TranscribeOptions(language="en", window_pad=2.0))
         assert wer(clip.reference, padded.text) <= bound, (name, padded.text)
         assert padded.segments[-1].end <= padded.duration + 1e-6
         retries += padded.stats.get("full_window_retries", 0)
@@ -129,7 +129,7 @@ def test_window_pad_keeps_the_transcript(base, clips):
 
 def test_window_pad_detects_the_language_on_a_full_window(base, clips):
     """Detecting on a 16 s window heard 4 s of English as Welsh; a full window gets it right."""
-    result = base.transcribe(clips["clone-test"].audio, DecodingOptions(window_pad=10.0))
+    result = base.transcribe(clips["clone-test"].audio, TranscribeOptions(window_pad=10.0))
     assert result.language == "en"
     assert wer(clips["clone-test"].reference, result.text) == 0.0
 
@@ -138,7 +138,7 @@ def test_when_every_temperature_fails_the_best_attempt_is_kept(base, clips):
     """An impossible log-prob threshold fails every temperature; the kept attempt is the one
     with the best average log-prob - here greedy's, the right words - not the last sample."""
     clip = clips["clone-test"]
-    options = DecodingOptions(language="en", log_prob_threshold=0.0, no_speech_threshold=None)
+    options = TranscribeOptions(language="en", log_prob_threshold=0.0, no_speech_threshold=None)
     for _ in range(2):  # the samples differ call to call; the choice must not
         result = base.transcribe(clip.audio, options)
         assert wer(clip.reference, result.text) == 0.0, result.text

@@ -7,7 +7,7 @@ import torch
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.engine import WhisperDecoderEngine
 from audiofast.asr.fast_runtime import FastWhisper
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.vocab_diet import (
     DietVocab,
     byte_level_alphabet,
@@ -99,9 +99,9 @@ def test_export_transcribes_like_the_full_model_when_it_keeps_its_tokens(tiny, c
     assert fast.engine.embed.shape[0] == 2500
     assert fast.transcribe(clip.audio).text == full_text
     # A prompt with dropped tokens is re-spelled, not an error.
-    prompted = DecodingOptions(initial_prompt="Incredulity and schizophrenia.")
+    prompted = TranscribeOptions(initial_prompt="Incredulity and schizophrenia.")
     assert fast.transcribe(clip.audio, prompted).text.strip()
-    ct2_text = CT2Whisper(str(out), threads=2).transcribe(clip.audio, DecodingOptions()).text
+    ct2_text = CT2Whisper(str(out), threads=2).transcribe(clip.audio, TranscribeOptions()).text
     assert ct2_text.split()[-2:] == full_text.split()[-2:]  # int8 re-quantized: same ending
     # The OpenVINO export converts the folder back to PyTorch for its encoder: the original
     # pad id (50256) is past the diet's 2500 rows, which used to fail an assertion in there.

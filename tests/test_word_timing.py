@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Segment, Transcription, Word
 from audiofast.asr.word_timing import trim_pauses, words_from_alignment
 from audiofast.asr.writers import to_json, to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.tts import synthesize
 
-WORDS = DecodingOptions(language="en", word_timestamps=True)
+WORDS = TranscribeOptions(language="en", word_timestamps=True)
 
 
 def norm(word: str) -> str:
@@ -153,7 +153,7 @@ def test_hallucination_threshold_keeps_the_speech_on_a_file_with_gaps(live):
     audio, reference = gappy_file()
     counts = {}
     for threshold in (None, 2.0):
-        options = replace(DecodingOptions(language="en", window_pad=None),
+        options = replace(TranscribeOptions(language="en", window_pad=None),
                           hallucination_silence_threshold=threshold)
         result = live.transcribe(audio, options)
         assert all(s.words is not None for s in result.segments) or threshold is None

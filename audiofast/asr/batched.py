@@ -38,7 +38,7 @@ from audiofast.asr.longform import (
     given_language,
     passes_checks,
 )
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import PROMPT_HISTORY_TOKENS
 from audiofast.asr.types import Segment, Transcription
 from audiofast.audio import SAMPLE_RATE
@@ -92,7 +92,7 @@ class Chunk:
 def transcribe_batched(
     runtime: BatchDecoder,
     audio: np.ndarray,
-    options: DecodingOptions,
+    options: TranscribeOptions,
     progress: bool | None = None,
 ) -> Transcription:
     """Transcribe 16 kHz mono audio as chunks decoded side by side, ``batch_size`` at a time."""
@@ -146,7 +146,7 @@ def transcribe_batched(
 
 
 def decode_group(runtime: BatchDecoder, mel: np.ndarray, group: list[Chunk],
-                 prompts: list[list[int]], options: DecodingOptions, duration: float,
+                 prompts: list[list[int]], options: TranscribeOptions, duration: float,
                  segments: list[Segment], stats: dict) -> None:
     """One window of every chunk in ``group``: one encoder call, one generate call, then each
     chunk's segments, history and seek, as in Whisper's loop."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from audiofast.asr.batched import transcribe_batched
 from audiofast.asr.longform import WindowResult, transcribe_audio
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Transcription
 from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
@@ -148,7 +148,7 @@ class CT2Whisper:
     def transcribe(
         self,
         audio: AudioSource,
-        options: DecodingOptions = DecodingOptions(),
+        options: TranscribeOptions = TranscribeOptions(),
         progress: bool | None = None,
         vad_filter: bool | VadFilterOptions = False,
     ) -> Transcription:

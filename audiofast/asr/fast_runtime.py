@@ -18,7 +18,7 @@ from audiofast.asr.decoding import (
 from audiofast.asr.drafters.ngram import NgramDrafter
 from audiofast.asr.engine import Precision, WhisperDecoderEngine
 from audiofast.asr.longform import WindowResult, transcribe_audio
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
 from audiofast.asr.types import Transcription
 from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
@@ -154,7 +154,7 @@ class FastWhisper:
         self.stats["tokens"] += len(out.tokens) + 1
         return WindowResult(out.tokens, out.sum_logprob / (len(out.tokens) + 1), out.no_speech_prob)
 
-    def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
+    def transcribe(self, audio: AudioSource, options: TranscribeOptions = TranscribeOptions(),
                    progress: bool | None = None,
                    vad_filter: bool | VadFilterOptions = False) -> Transcription:
         """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py)."""

@@ -23,7 +23,7 @@ from audiofast.asr.features import (
     pad_or_trim,
 )
 from audiofast.asr.hallucination import find_hallucination
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Segment, Transcription
 from audiofast.asr.word_timing import trim_pauses, words_from_alignment
@@ -64,7 +64,7 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
-def passes_checks(result: WindowResult, options: DecodingOptions) -> bool:
+def passes_checks(result: WindowResult, options: TranscribeOptions) -> bool:
     """Whisper's fallback test: the text is neither repetitive nor unsure, or it is silence."""
     too_repetitive = (
         options.compression_ratio_threshold is not None
@@ -91,7 +91,7 @@ def fits_window(result: WindowResult, window_frames: int) -> bool:
 
 
 def decode_with_fallback(
-    runtime: WindowDecoder, encoded: Any, prompt: list[int], options: DecodingOptions,
+    runtime: WindowDecoder, encoded: Any, prompt: list[int], options: TranscribeOptions,
     temperatures: tuple[float, ...] | None = None,
 ) -> WindowResult:
     """Decode at temperature 0; retry hotter while the output looks repetitive or unsure. If
@@ -155,7 +155,7 @@ def encoder_frames(window_frames: int, pad: float | None, bucket_s: float = 2.0)
 
 def accept_window(
     result: WindowResult, tok: WhisperTokenizer, seek: int, window_frames: int, duration: float,
-    options: DecodingOptions, history: list[int], segments: list[Segment],
+    options: TranscribeOptions, history: list[int], segments: list[Segment],
 ) -> int:
     """Append a decoded window's segments (and their tokens to ``history``, the next window's
     prompt); return the mel frames it consumed (a cut-off tail is decoded again)."""
@@ -206,7 +206,7 @@ def time_words(runtime: WindowDecoder, encoded: Any, segments: list[Segment],
             segment.start, segment.end = segment.words[0].start, segment.words[-1].end
 
 
-def given_language(tok: WhisperTokenizer, options: DecodingOptions) -> str | None:
+def given_language(tok: WhisperTokenizer, options: TranscribeOptions) -> str | None:
     """The language to decode in before any detection: the one asked for, "en" on an
     English-only model (which refuses any other), None to detect."""
     if tok.multilingual:
@@ -219,7 +219,7 @@ def given_language(tok: WhisperTokenizer, options: DecodingOptions) -> str | Non
 def transcribe_audio(
     runtime: WindowDecoder,
     audio: np.ndarray,
-    options: DecodingOptions = DecodingOptions(),
+    options: TranscribeOptions = TranscribeOptions(),
     progress: bool | None = None,
 ) -> Transcription:
     """Transcribe 16 kHz mono audio of any length."""

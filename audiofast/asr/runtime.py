@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Transcription
 from audiofast.asr.vad_filter import VadFilterOptions
 from audiofast.audio import AudioSource
@@ -28,7 +28,7 @@ Engine = Literal["auto", "fast", "ct2"]
 ENGINES = ("auto", "fast", "ct2")
 
 
-def auto_engine(options: DecodingOptions, compute_type: str = "int8", precision: str = "int8",
+def auto_engine(options: TranscribeOptions, compute_type: str = "int8", precision: str = "int8",
                 drafter: str = "none") -> str:
     """The decoder ``"auto"`` runs these options on: "fast" (the owned decoder) or "ct2".
     The owned decoder's own options ask for it; otherwise it is used for greedy, sequential
@@ -50,7 +50,7 @@ class AutoWhisper:
         self.seed = seed
         self._fast = None
 
-    def runtime_for(self, options: DecodingOptions):
+    def runtime_for(self, options: TranscribeOptions):
         """The runtime that decodes ``options`` (:func:`auto_engine`)."""
         if auto_engine(options) == "ct2":
             return self.ct2
@@ -60,7 +60,7 @@ class AutoWhisper:
             self._fast = FastWhisper(threads=self.threads, seed=self.seed, ct2=self.ct2)
         return self._fast
 
-    def transcribe(self, audio: AudioSource, options: DecodingOptions = DecodingOptions(),
+    def transcribe(self, audio: AudioSource, options: TranscribeOptions = TranscribeOptions(),
                    progress: bool | None = None,
                    vad_filter: bool | VadFilterOptions = False) -> Transcription:
         return self.runtime_for(options).transcribe(audio, options, progress, vad_filter)

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.writers import FORMATS, WRITERS, write_transcript
 
-DEFAULTS = DecodingOptions()  # the library's defaults are the CLI's
+DEFAULTS = TranscribeOptions()  # the library's defaults are the CLI's
 
 
 def add_transcribe(sub: argparse._SubParsersAction) -> None:
@@ -108,7 +108,7 @@ def _window_pad(value: str) -> float | None:
 
 
 def _run_transcribe(args: argparse.Namespace) -> int:
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
     from audiofast.asr.runtime import load_model
     from audiofast.audio import AudioError
 
@@ -123,7 +123,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         raise SystemExit("audiofast: error: --batch-size needs --engine ct2 "
                          "(the fast engine decodes one sequence at a time)")
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
-    options = DecodingOptions(
+    options = TranscribeOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,
         without_timestamps=args.no_timestamps, initial_prompt=args.initial_prompt,
         window_pad=args.window_pad, batch_size=args.batch_size, chunk_length=args.chunk_length,

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.drafters.model import draft_from_target, save_head_ids
 from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.vocab_diet import (
     DietVocab,
     kd_loss,
@@ -89,7 +89,7 @@ def build_examples(teacher: CT2Whisper, sentences: list[str], cache: str | Path 
         return [Example(**e) for e in torch.load(cache, weights_only=False)["examples"]]
     tok = teacher.tokenizer
     prompt = tok.sot_sequence("en", "transcribe", timestamps=True)
-    options = DecodingOptions(language="en", window_pad=None)  # the teacher's own 30 s windows
+    options = TranscribeOptions(language="en", window_pad=None)  # the teacher's own 30 s windows
     examples = []
     groups = group_sentences(sentences)
     for i, group in enumerate(tqdm(groups, desc="teacher transcripts")):

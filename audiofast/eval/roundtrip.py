@@ -17,7 +17,7 @@ import jiwer
 import numpy as np
 from tqdm import tqdm
 
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.cache import cache_dir
 from audiofast.eval import augment
@@ -71,7 +71,7 @@ def bootstrap_delta(
 # the same candidate disagree, and a verdict must be reproducible. Its windows are Whisper's
 # own (30 s, no pad) unless a spec says "+padN": its baselines, caches and gate limits were
 # measured so, whatever the library's defaults become.
-JUDGE_OPTIONS = DecodingOptions(temperatures=(0.0,), window_pad=None, chunk_length=30.0)
+JUDGE_OPTIONS = TranscribeOptions(temperatures=(0.0,), window_pad=None, chunk_length=30.0)
 
 
 SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length",
@@ -86,7 +86,7 @@ class ASRSpec:
     model: str
     compute_type: str  # CTranslate2 compute type, or the fast engine's precision
     encoder: str  # "ct2", "openvino" or "auto"
-    options: dict[str, float]  # DecodingOptions overrides
+    options: dict[str, float]  # TranscribeOptions overrides
 
 
 def parse_asr_spec(spec: str) -> ASRSpec:

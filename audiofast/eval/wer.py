@@ -1,28 +1,31 @@
-"""WER after one documented normalisation, so every lane scores text the same way.
+"""WER after Whisper's English text normaliser, so every lane scores text the same way.
 
-Normalisation: lower-case, expand a few English contractions, drop punctuation (keeping
-apostrophes inside words), collapse whitespace. This is a subset of Whisper's English
-normaliser; it leaves numbers alone, so eval texts avoid them.
+The normaliser is the one the Whisper paper scored with (transformers ships it as
+``EnglishTextNormalizer``): lower case, contractions and titles expanded ("won't" -> "will
+not", "Mr." -> "mister"), fillers dropped ("uh", "hmm"), spelled-out numbers and currency
+turned into digits ("twenty-five dollars" -> "$25"), punctuation and diacritics removed. Its
+British -> American spelling table lives in the Hub tokenizers' ``normalizer.json``, which no
+offline wheel carries, so it is empty here: "colour" and "color" count as different words.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import jiwer
 
-_CONTRACTIONS = {
-    r"\bwon't\b": "will not", r"\bcan't\b": "can not", r"n't\b": " not", r"'re\b": " are",
-    r"'ll\b": " will", r"'ve\b": " have", r"'m\b": " am",
-}
+
+@lru_cache(maxsize=1)
+def _normalizer():
+    # Imported on first use: the module pulls in transformers' lazy package (~1 s).
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+    return EnglishTextNormalizer({})
 
 
 def normalize(text: str) -> str:
-    text = text.lower().replace("\u2019", "'")
-    for pattern, replacement in _CONTRACTIONS.items():
-        text = re.sub(pattern, replacement, text)
-    text = re.sub(r"[^\w\s']|(?<!\w)'|'(?!\w)", " ", text)
-    return re.sub(r"\s+", " ", text).strip()
+    return _normalizer()(text.replace("\u2019", "'").replace("\u2018", "'"))
 
 
 def wer(references: list[str] | str, hypotheses: list[str] | str) -> float:
@@ -30,6 +33,6 @@ def wer(references: list[str] | str, hypotheses: list[str] | str) -> float:
     refs = [references] if isinstance(references, str) else references
     hyps = [hypotheses] if isinstance(hypotheses, str) else hypotheses
     refs, hyps = [normalize(r) for r in refs], [normalize(h) for h in hyps]
-    if not any(refs):
+    if not any(re.search(r"\w", r) for r in refs):
         raise ValueError("references are empty after normalisation")
     return jiwer.wer(refs, hyps)

@@ -36,7 +36,7 @@ from audiofast.asr.decoding import LogitRules, greedy_decode
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.word_timing import token_times
 from audiofast.audio import SAMPLE_RATE
 
@@ -75,7 +75,7 @@ class StreamDecoder:
     def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
                  word_timing: bool = True):
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
-            runtime = runtime.runtime_for(DecodingOptions())
+            runtime = runtime.runtime_for(TranscribeOptions())
         self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
         self.ct2: CT2Whisper = runtime.ct2 if self.fast is not None else runtime
         self.engine = "ct2" if self.fast is None else "fast"

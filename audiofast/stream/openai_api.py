@@ -25,7 +25,7 @@ from fastapi import FastAPI, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from audiofast.asr.options import DecodingOptions
+from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Transcription
 from audiofast.asr.writers import to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, AudioError, load_audio
@@ -105,10 +105,10 @@ def create_app(server: TranscriptionServer) -> FastAPI:
             raise APIError(400, f"audio is {seconds:.0f} s long; this server takes at most "
                            f"{options.max_upload_s:.0f} s", "file")
         words = "word" in (granularities or [])
-        decoding = DecodingOptions(
+        decoding = TranscribeOptions(
             language=language or None, task=task, initial_prompt=prompt or None,
             word_timestamps=words,
-            temperatures=(temperature,) if temperature > 0 else DecodingOptions.temperatures)
+            temperatures=(temperature,) if temperature > 0 else TranscribeOptions.temperatures)
         t0 = time.perf_counter()
         try:
             async with server.scheduler.engine_lock:

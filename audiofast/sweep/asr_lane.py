@@ -171,7 +171,7 @@ def default_config(settings: dict) -> dict:
     import argparse
 
     from audiofast.asr import kernels
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
     from audiofast.asr.runtime import auto_engine
     from audiofast.cli.transcribe import add_transcribe
 
@@ -184,7 +184,7 @@ def default_config(settings: dict) -> dict:
     add_transcribe(parser.add_subparsers())
     args = parser.parse_args(["transcribe", "-"])
     engine = args.engine if args.engine != "auto" else auto_engine(
-        DecodingOptions(beam_size=args.beam_size, batch_size=args.batch_size),
+        TranscribeOptions(beam_size=args.beam_size, batch_size=args.batch_size),
         args.compute_type, args.precision, args.drafter)
     return dataclasses.asdict(ASRConfig(
         settings["model"], engine, args.window_pad, args.precision, args.compute_type,

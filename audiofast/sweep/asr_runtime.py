@@ -60,9 +60,9 @@ def tune_drafter(runtime, draft_len: int | None = None, ngram_order: int | None 
 
 
 def decoding_options(c: ASRConfig):
-    from audiofast.asr.options import DecodingOptions
+    from audiofast.asr.options import TranscribeOptions
 
-    return DecodingOptions(beam_size=c.beam_size, window_pad=c.window_pad)
+    return TranscribeOptions(beam_size=c.beam_size, window_pad=c.window_pad)
 
 
 def speed_clips(settings: dict) -> list[tuple[str, Any, str]]:
