@@ -60,7 +60,7 @@ def _quantized_linear(out_features: int, in_features: int, seed: int):
 
 def int8_linear(x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
     """The kernel on torch tensors (it takes and returns numpy arrays)."""
-    return torch.from_numpy(kernels.int8_linear(x.numpy(), [t.numpy() for t in tensors]))
+    return torch.from_numpy(kernels.quant_linear(x.numpy(), [t.numpy() for t in tensors]))
 
 
 @pytest.mark.parametrize("shape", [(100, 512), (2048, 512), (512, 2048), (37, 384)])
@@ -96,7 +96,7 @@ def test_int8_linear_is_the_same_without_vnni(kernel, tmp_path):
     torch.save((x, tensors), tmp_path / "case.pt")
     code = ("import sys, torch\nfrom audiofast.asr import kernels\nkernels.backend()\n"
             "x, t = torch.load(sys.argv[1])\n"
-            "y = kernels.int8_linear(x.numpy(), [a.numpy() for a in t])\n"
+            "y = kernels.quant_linear(x.numpy(), [a.numpy() for a in t])\n"
             "torch.save(torch.from_numpy(y), sys.argv[2])\n"
             "print('avx512_vnni' if kernels.uses_vnni() else 'avx2')\n")
     for name, env, isa in (("default", {}, "avx512_vnni"),
@@ -117,9 +117,9 @@ def test_int8_linear_rejects_unpacked_weights(kernel):
     with pytest.raises(ValueError, match=r"\(rows, in\) float32"):
         int8_linear(torch.randn(1, 32), [packed, scale, row_sums, bias])
     with pytest.raises(TypeError, match="numpy arrays"):
-        kernels.int8_linear(np.zeros((1, 64), np.float32), [packed, scale, row_sums, bias])
+        kernels.quant_linear(np.zeros((1, 64), np.float32), [packed, scale, row_sums, bias])
     with pytest.raises(ValueError, match="C-contiguous"):
-        kernels.int8_linear(np.zeros((1, 64), np.float32),
+        kernels.quant_linear(np.zeros((1, 64), np.float32),
                             [packed.numpy(), scale.numpy()[::1], row_sums.numpy(),
                              np.zeros(64, np.float32)[::2]])
 

@@ -72,7 +72,7 @@ class Int8Linear:
         self.out_features = arrays[3].size
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return kernels.int8_linear(x.reshape(-1, x.shape[-1]), self.arrays)
+        return kernels.quant_linear(x.reshape(-1, x.shape[-1]), self.arrays)
 
 
 class FusedDecoder:

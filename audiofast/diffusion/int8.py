@@ -1,5 +1,5 @@
 """Real int8 inference for the SA3 DiT: the W8A8 linears of :mod:`audiofast.diffusion.qad`, run
-by the project's packed int8 kernel (``kernels.int8_linear``, the ASR lane's: exact
+by the project's packed int8 kernel (``kernels.quant_linear``, the ASR lane's: exact
 int32 sums, AVX2 or AVX-512 VNNI).
 
 Why this kernel and not torch's dynamic quantization: measured side by side by
@@ -91,7 +91,7 @@ class Int8Linear(nn.Module):
 
             kernels.set_threads(torch.get_num_threads())  # the DiT lane runs on torch's count
             rows = x.detach().reshape(-1, shape[-1]).float().numpy()
-            y = torch.from_numpy(kernels.int8_linear(rows, self.packed()))
+            y = torch.from_numpy(kernels.quant_linear(rows, self.packed()))
             return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         weight = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)[:, None]
         bias = None if self.bias is None else self.bias.to(x.dtype)

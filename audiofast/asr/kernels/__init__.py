@@ -1,6 +1,6 @@
 """Our C++ kernels: :func:`decoder_forward`, the whole int8 decoder in one call
 (decoder_step.cpp, over int8_linear.cpp's linears and cross_attention.cpp), and
-:func:`int8_linear` alone (cross-attention K/V, the SA3 lane's int8 DiT).
+:func:`quant_linear` alone (cross-attention K/V, the SA3 lane's int8 DiT), int8 or int4.
 
 A plain shared library with a C interface (capi.cpp) over numpy arrays, called through
 ctypes: no torch headers to compile against (a build takes seconds, not a minute) and no torch
@@ -31,7 +31,7 @@ HEADERS = sorted(HERE.glob("*.h"))
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-std=c++17", "-fPIC", "-pthread"]
 MAX_DIMS = 5
 _DTYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int8): 2,
-           np.dtype(np.int32): 3, np.dtype(np.int64): 4}
+           np.dtype(np.int32): 3, np.dtype(np.int64): 4, np.dtype(np.uint8): 5}
 _ERRORS = {1: ValueError, 2: MemoryError, 3: RuntimeError}
 _backend: str | None = None
 _lib: ctypes.CDLL | None = None
@@ -48,7 +48,7 @@ def as_array(a: np.ndarray) -> Array:
     """``a``'s memory for the library; ``a`` must be C-contiguous and must outlive the call
     (the library reads the pointer, it keeps no reference)."""
     if not isinstance(a, np.ndarray) or a.dtype not in _DTYPES:
-        raise TypeError(f"kernels take float32/float16/int8/int32/int64 numpy arrays, "
+        raise TypeError(f"kernels take float32/float16/int8/uint8/int32/int64 numpy arrays, "
                         f"not {type(a).__name__} {getattr(a, 'dtype', '')}")
     if not a.flags.c_contiguous or a.ndim > MAX_DIMS:
         raise ValueError(f"kernels take C-contiguous arrays of at most {MAX_DIMS} dims")
@@ -131,7 +131,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.audiofast_last_error.restype = ctypes.c_char_p
     lib.audiofast_decoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64, arr, arr, arr, arr,
                                               i64, i64, ptr, i64]
-    lib.audiofast_int8_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
+    lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -179,23 +179,24 @@ def set_threads(threads: int) -> None:
 
 
 def uses_vnni() -> bool:
-    """Whether int8 linears take the AVX-512 VNNI path here (else AVX2), so a test can assert
-    which path it compared."""
+    """Whether quantized linears take the AVX-512 VNNI path here (else AVX2), so a test can
+    assert which path it compared."""
     return bool(_library().audiofast_uses_vnni())
 
 
-def int8_linear(x: np.ndarray, linear: Sequence[np.ndarray]) -> np.ndarray:
-    """(rows, in) float32 -> (rows, out) through one packed int8 linear (its four arrays:
-    packed weight, per-channel scale, weight row sums, bias; int8_pack.py)."""
+def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray]) -> np.ndarray:
+    """(rows, in) float32 -> (rows, out) through one packed linear: int8 (packed weight,
+    per-channel scale, weight row sums, bias; int8_pack.py) or int4 (packed uint8 weight,
+    per-group fp16 scales, zero terms, bias; int4_pack.py)."""
     if len(linear) != 4:
-        raise ValueError("int8_linear takes (weight, scale, row sums, bias)")
+        raise ValueError("quant_linear takes (weight, scales, zero-point terms, bias)")
     arrays = as_arrays(linear)  # type and layout checked before any size is read
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
-        raise ValueError("int8_linear: x must be (rows, in) float32")
+        raise ValueError("quant_linear: x must be (rows, in) float32")
     y = np.empty((x.shape[0], linear[3].size), dtype=np.float32)
-    _check(_library().audiofast_int8_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
-                                            y.ctypes.data, y.size))
+    _check(_library().audiofast_quant_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
+                                             y.ctypes.data, y.size))
     return y
 
 

@@ -7,7 +7,7 @@
 
 namespace audiofast {
 
-enum DType : int32_t { kFloat32 = 0, kFloat16 = 1, kInt8 = 2, kInt32 = 3, kInt64 = 4 };
+enum DType : int32_t { kFloat32 = 0, kFloat16 = 1, kInt8 = 2, kInt32 = 3, kInt64 = 4, kUInt8 = 5 };
 constexpr int kMaxDims = 5;
 
 struct Array {

@@ -9,7 +9,7 @@
 
 #include "array.h"
 #include "decoder_step.h"
-#include "int8_linear.h"
+#include "quant_linear.h"
 #include "pool.h"
 
 namespace {
@@ -51,13 +51,13 @@ int audiofast_decoder_forward(const int64_t* ids, int64_t rows, int64_t start, i
   });
 }
 
-// y (rows, out) = the int8 linear whose four arrays are `linear`, on x (rows, in) float32.
-int audiofast_int8_linear(const float* x, int64_t rows, int64_t in,
+// y (rows, out) = the int8 or int4 linear whose four arrays are `linear`, on x (rows, in) f32.
+int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
                           const audiofast::Array* linear, float* y, int64_t y_size) {
   return guarded([&] {
     const auto L = audiofast::linear_at(linear, 0);
-    audiofast::check(in == L.in, "int8_linear: x must be (rows, in) float32");
-    audiofast::check(y_size == rows * L.out, "int8_linear: output buffer of the wrong size");
+    audiofast::check(in == L.in, "quant_linear: x must be (rows, in) float32");
+    audiofast::check(y_size == rows * L.out, "quant_linear: output buffer of the wrong size");
     audiofast::linear(L, x, rows, y);
   });
 }
@@ -66,7 +66,7 @@ int audiofast_pool_selftest(int64_t n, int64_t throw_at, int64_t* total) {
   return guarded([&] { *total = audiofast::pool_selftest(n, throw_at); });
 }
 
-// Which dot-product path int8 linears take here: 1 AVX-512 VNNI, 0 AVX2.
+// Which dot-product path quantized linears take here: 1 AVX-512 VNNI, 0 AVX2.
 int audiofast_uses_vnni() { return audiofast::use_vnni() ? 1 : 0; }
 
 void audiofast_set_threads(int threads) { audiofast::pool_threads.store(threads); }

@@ -17,7 +17,7 @@
 
 #include "avx2.h"
 #include "cross_attention.h"
-#include "int8_linear.h"
+#include "quant_linear.h"
 #include "pool.h"
 
 namespace audiofast {

@@ -1,5 +1,5 @@
-// Int8 linear layers of the fused decoder (see int8_linear.h).
-#include "int8_linear.h"
+// Int8 linear layers of the fused decoder, and the entry point of both kinds (quant_linear.h).
+#include "quant_linear.h"
 
 #include <atomic>
 #include <new>
@@ -23,10 +23,7 @@ namespace {
 // activation in two instead (see block_avx2).
 constexpr int kQMax = 255;
 
-struct RowScale {
-  float scale;
-  int32_t zero;
-};
+}  // namespace
 
 // x -> q in [0, 255] over the row's own range (0 included, so 0 stays exact).
 RowScale quantize_row(const float* x, int64_t n, uint8_t* q) {
@@ -59,6 +56,8 @@ RowScale quantize_row(const float* x, int64_t n, uint8_t* q) {
   }
   return {scale, zero};
 }
+
+namespace {
 
 inline __m256i bcast4(const uint8_t* x) {
   int32_t v;
@@ -153,7 +152,9 @@ bool use_vnni() {
   return vnni;
 }
 
-Int8Linear linear_at(const Array* p, size_t i) {
+namespace {
+
+QuantLinear int8_at(const Array* p, size_t i) {
   const Array& w = p[i];
   check(w.is(kInt8, 3) && w.size(2) == 4 * kBlock && w.size(1) % 8 == 0,
         "int8 linear weights must be packed (blocks, in / 4, 64) int8 with in % 32 == 0");
@@ -165,13 +166,48 @@ Int8Linear linear_at(const Array* p, size_t i) {
           "int8 linear scale, row sums and bias must have one value per output");
   check(p[i + 1].dtype == kFloat32 && p[i + 2].dtype == kInt32 && p[i + 3].dtype == kFloat32,
         "int8 linear scale and bias must be float32, row sums int32");
-  return {w.ptr<int8_t>(), p[i + 1].ptr<float>(), p[i + 2].ptr<int32_t>(),
-          p[i + 3].ptr<float>(), out, w.size(1) * 4, w.size(0)};
+  QuantLinear L{};
+  L.bits = 8;
+  L.int8 = {w.ptr<int8_t>(), p[i + 1].ptr<float>(), p[i + 2].ptr<int32_t>()};
+  L.bias = p[i + 3].ptr<float>();
+  L.out = out;
+  L.in = w.size(1) * 4;
+  L.blocks = w.size(0);
+  return L;
+}
+
+QuantLinear int4_at(const Array* p, size_t i) {
+  const Array& w = p[i];
+  const Array& scale = p[i + 1];
+  check(w.size(2) == 4 * kBlock && w.ndim == 3 && w.size(1) % 4 == 0,
+        "int4 linear weights must be packed (blocks, in / 8, 64) uint8 with in % 32 == 0");
+  const int64_t out = p[i + 3].numel(), in = w.size(1) * 8;
+  check(out > 0 && (out + kBlock - 1) / kBlock == w.size(0),
+        "int4 linear: the packed weight's blocks do not match the bias");
+  check(scale.is(kFloat16, 3) && scale.size(0) == w.size(0) && scale.size(2) == kBlock &&
+            scale.size(1) > 0 && in % scale.size(1) == 0 && (in / scale.size(1)) % 8 == 0,
+        "int4 linear scales must be (blocks, in / group, 16) float16, group a multiple of 8");
+  check(p[i + 2].is(kFloat32, 1) && p[i + 2].numel() == out && p[i + 3].dtype == kFloat32,
+        "int4 linear zero terms and bias must be float32, one per output");
+  QuantLinear L{};
+  L.bits = 4;
+  L.int4 = {w.ptr<uint8_t>(), scale.ptr<uint16_t>(), p[i + 2].ptr<float>(), in / scale.size(1)};
+  L.bias = p[i + 3].ptr<float>();
+  L.out = out;
+  L.in = in;
+  L.blocks = w.size(0);
+  return L;
+}
+
+}  // namespace
+
+QuantLinear linear_at(const Array* p, size_t i) {
+  return p[i].dtype == kUInt8 ? int4_at(p, i) : int8_at(p, i);
 }
 
 // y (rows, out) = L(x (rows, in)), each row quantized alone; blocks of outputs across
 // threads, each block's weights read once for all rows (four at a time).
-void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
+void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
   std::vector<uint8_t> xq(rows * L.in);
   std::vector<RowScale> rs(rows);
   auto quantize = [&](int64_t r0, int64_t r1) {
@@ -181,6 +217,7 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
     quantize(0, rows);
   else
     parallel_for(rows, quantize);
+  if (L.bits == 4) return linear_int4(L, xq.data(), rs.data(), rows, y);
   const bool vnni = use_vnni();
   if (!vnni) {  // the AVX2 kernel reads each row split in two halves (split_row)
     std::vector<uint8_t> halves(rows * 2 * L.in);
@@ -195,7 +232,7 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
   parallel_for(L.blocks, [&](int64_t b0, int64_t b1) {
     alignas(64) int32_t sums[4 * kBlock];
     for (int64_t b = b0; b < b1; ++b) {
-      const int8_t* wb = L.weight + b * L.in * kBlock;
+      const int8_t* wb = L.int8.weight + b * L.in * kBlock;
       const int64_t n0 = b * kBlock, width = std::min(kBlock, L.out - n0);
       for (int64_t m0 = 0; m0 < rows; m0 += 4) {
         const int tile = static_cast<int>(std::min<int64_t>(4, rows - m0));
@@ -206,12 +243,13 @@ void linear(const Int8Linear& L, const float* x, int64_t rows, float* y) {
           const RowScale q = rs[m0 + r];
           float* out = y + (m0 + r) * L.out + n0;
           if (width == kBlock) {
-            dequantize16(sums + r * kBlock, q, L.wsum + n0, L.scale + n0, L.bias + n0, out);
+            dequantize16(sums + r * kBlock, q, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0,
+                         out);
             continue;
           }
           for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
-            out[j] = std::fma(static_cast<float>(sums[r * kBlock + j] - q.zero * L.wsum[n0 + j]),
-                              q.scale * L.scale[n0 + j], L.bias[n0 + j]);
+            out[j] = std::fma(static_cast<float>(sums[r * kBlock + j] - q.zero * L.int8.wsum[n0 + j]),
+                              q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
         }
       }
     }
