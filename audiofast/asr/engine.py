@@ -7,6 +7,8 @@ with a preallocated self-attention KV cache and cross-attention K/V computed onc
 - ``int8`` (default): the fused C++ decoder (fused_decoder.py), every row quantized and
   attended alone, so k rows at once equal k single rows bit for bit. Needs the kernels
   (kernels/); where they cannot be built, the ``ct2`` engine decodes instead.
+- ``int4``, ``int4-head8``, ``int8-head4``: the same decoder with int4 weights (groups of 64
+  inputs, int4_pack.py) in every linear, in the layers only, or in the output head only.
 - ``fp32``: the eager reference decoder (reference_decoder.py), the numerics oracle.
 
 Tokens in and logits out are numpy arrays whichever backend runs; torch is imported only for
@@ -15,7 +17,9 @@ the reference decoder and for packing (the fused decoder's transcriptions never 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -26,12 +30,26 @@ if TYPE_CHECKING:
     from audiofast.asr.decoder_weights import DecoderWeights
     from audiofast.asr.vocab_diet import DietVocab
 
-Precision = Literal["fp32", "int8"]
-PRECISIONS = ("int8", "fp32")
+Precision = Literal["fp32", "int8", "int4", "int4-head8", "int8-head4"]
+# The fused decoder's precisions: weight bits of the layers' linears and of the output head.
+FUSED_BITS = {"int8": (8, 8), "int4": (4, 4), "int4-head8": (4, 8), "int8-head4": (8, 4)}
+PRECISIONS = (*FUSED_BITS, "fp32")
+MODEL_SETTINGS = "audiofast.json"  # in a model folder: the precision it was trained for (QAD)
+
+
+def model_precision(model_dir: Path) -> Precision:
+    """The decoder precision a model folder asks for (a QAD export's), else int8."""
+    settings = Path(model_dir) / MODEL_SETTINGS
+    if not settings.is_file():
+        return "int8"
+    precision = json.loads(settings.read_text()).get("precision", "int8")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{settings}: unknown precision {precision!r}")
+    return precision
 
 
 class KernelsUnavailable(RuntimeError):
-    """The fused int8 decoder cannot run here (no compiler, or a CPU without AVX2)."""
+    """The fused decoder cannot run here (no compiler, or a CPU without AVX2)."""
 
 
 def fused_backend(tensors: dict[str, np.ndarray]):
@@ -64,18 +82,20 @@ class WhisperDecoderEngine:
             from audiofast.asr.decoder_weights import DecoderWeights
 
             model = DecoderWeights.from_hf(model)
-        if precision == "int8":
+        if precision in FUSED_BITS:
             from audiofast.asr.fused_decoder import RESCORE_TOP, pack_decoder
 
-            tensors = model if isinstance(model, dict) else pack_decoder(model, head_ids)
+            tensors = (model if isinstance(model, dict)
+                       else pack_decoder(model, head_ids, FUSED_BITS[precision]))
             self.backend = fused_backend(tensors)
             # Which arithmetic runs: the judge's transcript cache keys on it.
-            self.numerics = f"int8-fused-a8-per-row-rescore{RESCORE_TOP}-kv16-kvproj8-avx2"
+            self.numerics = (f"{precision}-fused-a8-per-row-rescore{RESCORE_TOP}-kv16-kvproj8-"
+                             "avx2" + ("-g64" if "4" in precision else ""))
         else:
             from audiofast.asr.reference_decoder import ReferenceBackend
 
             if isinstance(model, dict):
-                raise TypeError("packed int8 tensors cannot run in fp32")
+                raise TypeError("packed quantized tensors cannot run in fp32")
             self.backend = ReferenceBackend(model, head_ids)
             self.numerics = "fp32-cross-bmm"
         self.n_heads, self.n_ctx = self.backend.n_heads, self.backend.n_ctx

@@ -16,7 +16,7 @@ from audiofast.asr.decoding import (
     sample_decode_forked,
 )
 from audiofast.asr.drafters.ngram import NgramDrafter
-from audiofast.asr.engine import Precision, WhisperDecoderEngine
+from audiofast.asr.engine import FUSED_BITS, Precision, WhisperDecoderEngine, model_precision
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
@@ -28,18 +28,22 @@ from audiofast.audio import AudioSource, load_audio
 class FastWhisper:
     """Same interface as :class:`CT2Whisper`; decodes on :class:`WhisperDecoderEngine`."""
 
-    def __init__(self, model: str | None = None, threads: int = 0, precision: Precision = "int8",
-                 drafter: str = "none", seed: int = 0, draft_model: str | Path | None = None,
-                 encoder: str = "ct2", ct2: CT2Whisper | None = None):
-        """``precision``: int8 decodes on the fused C++ decoder (its packed weights cached on
-        disk, packed_cache.py), fp32 on the eager reference decoder. ``ct2``: an already
-        loaded CTranslate2 model to encode with (``model`` and ``encoder`` are then its)."""
+    def __init__(self, model: str | None = None, threads: int = 0,
+                 precision: Precision | None = None, drafter: str = "none", seed: int = 0,
+                 draft_model: str | Path | None = None, encoder: str = "ct2",
+                 ct2: CT2Whisper | None = None):
+        """``precision``: int8 (or int4, int4-head8, int8-head4) decodes on the fused C++
+        decoder (its packed weights cached on disk, packed_cache.py), fp32 on the eager
+        reference decoder; None: the model's own (a QAD export's ``audiofast.json``), else
+        int8. ``ct2``: an already loaded CTranslate2 model to encode with (``model`` and
+        ``encoder`` are then its)."""
         self.ct2 = ct2 or CT2Whisper(model, threads=threads, encoder=encoder)
         self.tokenizer = self.ct2.tokenizer
         self.n_mels = self.ct2.n_mels
+        precision = precision or model_precision(self.ct2.resolved.ct2_dir)
         self.engine = WhisperDecoderEngine(self._decoder_weights(precision), precision,
                                            self.ct2.vocab)
-        if precision == "int8":  # 0: every core (the pool is the process's: set it each time)
+        if precision in FUSED_BITS:  # 0: every core (the pool is the process's: set each time)
             from audiofast.asr import kernels
 
             kernels.set_threads(threads)
@@ -55,9 +59,9 @@ class FastWhisper:
         self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
 
     def _decoder_weights(self, precision: Precision):
-        """The decoder's float weights, or for int8 its packed arrays (from the cache when
-        this model was packed before: reading and packing the float weights - and importing
-        torch - is then skipped)."""
+        """The decoder's float weights, or for the fused decoder its packed arrays (from the
+        cache when this model was packed before: reading and packing the float weights - and
+        importing torch - is then skipped)."""
         folder = self.ct2.resolved.ct2_dir
 
         def weights():
@@ -70,12 +74,14 @@ class FastWhisper:
             return DecoderWeights.from_hf(
                 WhisperForConditionalGeneration.from_pretrained(folder / "hf"))
 
-        if precision != "int8":
+        if precision not in FUSED_BITS:
             return weights()
         from audiofast.asr.fused_decoder import pack_decoder
         from audiofast.asr.packed_cache import load_or_pack
 
-        return load_or_pack(folder / "model.bin", None, lambda: pack_decoder(weights()))
+        return load_or_pack(folder / "model.bin", None,
+                            lambda: pack_decoder(weights(), bits=FUSED_BITS[precision]),
+                            precision)
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_name == "none":

@@ -36,12 +36,19 @@ LAYER_PARTS = ("self_ln", "qkv", "self_out", "cross_ln", "cross_q", "cross_out",
 NORMS = ("self_ln", "cross_ln", "ffn_ln")
 
 
-def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None
-                 ) -> dict[str, np.ndarray]:
+def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None,
+                 bits: tuple[int, int] = (8, 8)) -> dict[str, np.ndarray]:
     """Every array the fused call reads, by name: float embeddings, norms and the exact head;
-    int8-packed linears (``head_ids``: a drafter's cut head, logits only for these ids)."""
+    quantized linears, ``bits`` = (layers, head) weight bits, 8 or 4 (``head_ids``: a
+    drafter's cut head, logits only for these ids)."""
     from audiofast.asr.decoder_weights import layer_part
+    from audiofast.asr.int4_pack import int4_linear_tensors
     from audiofast.asr.int8_pack import int8_linear_tensors
+
+    if not set(bits) <= {4, 8}:
+        raise ValueError(f"weight bits must be 8 or 4, not {bits}")
+    layer_linear, head_linear = (int8_linear_tensors if b == 8 else int4_linear_tensors
+                                 for b in bits)
 
     if weights.d_model // weights.n_heads != HEAD_DIM:
         raise ValueError(f"the fused int8 decoder needs {HEAD_DIM}-wide attention heads, not "
@@ -51,12 +58,14 @@ def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None
     out = {"embed": weights.state["embed_tokens.weight"],
            "positions": weights.state["embed_positions.weight"], "exact_head": head}
     out["final_ln.0"], out["final_ln.1"] = weights.norm("layer_norm")
-    for k, t in enumerate(int8_linear_tensors(head, None)):
+    for k, t in enumerate(head_linear(head, None)):
         out[f"lm_head.{k}"] = t
     for i in range(weights.n_layers):
         for part in [*LAYER_PARTS, "cross_kv"]:
             w, b = layer_part(weights, i, part)
-            tensors = [w, b] if part in NORMS else int8_linear_tensors(w, b)
+            # cross_kv runs once per window: int8 whatever the layers' bits
+            linear = int8_linear_tensors if part == "cross_kv" else layer_linear
+            tensors = [w, b] if part in NORMS else linear(w, b)
             for k, t in enumerate(tensors):
                 out[f"layers.{i}.{part}.{k}"] = t
     arrays = {name: np.ascontiguousarray(t.detach().numpy()) for name, t in out.items()}

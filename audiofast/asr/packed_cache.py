@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 
 log = logging.getLogger(__name__)
-_CODE = ("int8_pack.py", "fused_decoder.py", "decoder_weights.py", "packed_cache.py")
-_DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I32": np.int32, "I64": np.int64}
+_CODE = ("int8_pack.py", "int4_pack.py", "fused_decoder.py", "decoder_weights.py",
+         "packed_cache.py")
+_DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "U8": np.uint8, "I32": np.int32,
+           "I64": np.int64}
 
 
 def _torch_version() -> str:  # packing uses torch's quantization observers
@@ -33,12 +35,12 @@ def _torch_version() -> str:  # packing uses torch's quantization observers
         return "none"
 
 
-def cache_key(model_file: Path, head_ids: np.ndarray | None) -> str:
+def cache_key(model_file: Path, head_ids: np.ndarray | None, precision: str = "int8") -> str:
     from audiofast.asr import kernels
 
     stat = model_file.stat()
     digest = hashlib.sha256(f"{model_file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:"
-                            f"{kernels.build_key()}:{_torch_version()}".encode())
+                            f"{kernels.build_key()}:{_torch_version()}:{precision}".encode())
     if head_ids is not None:
         digest.update(np.asarray(head_ids, dtype=np.int64).tobytes())
     here = Path(__file__).parent
@@ -75,12 +77,13 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
 
 
 def load_or_pack(model_file: Path, head_ids: np.ndarray | None,
-                 pack: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+                 pack: Callable[[], dict[str, np.ndarray]], precision: str = "int8"
+                 ) -> dict[str, np.ndarray]:
     """The packed arrays for ``model_file``: memory-mapped from the cache, else ``pack()``ed
     and stored (a cache that cannot be written or read is only slower, never an error)."""
     from audiofast.cache import cache_dir
 
-    path = cache_dir() / "packed" / f"{cache_key(model_file, head_ids)}.safetensors"
+    path = cache_dir() / "packed" / f"{cache_key(model_file, head_ids, precision)}.safetensors"
     if path.is_file():
         try:
             return load_arrays(path)

@@ -28,14 +28,14 @@ Engine = Literal["auto", "fast", "ct2"]
 ENGINES = ("auto", "fast", "ct2")
 
 
-def auto_engine(options: TranscribeOptions, compute_type: str = "int8", precision: str = "int8",
-                drafter: str = "none") -> str:
+def auto_engine(options: TranscribeOptions, compute_type: str = "int8",
+                precision: str | None = None, drafter: str = "none") -> str:
     """The decoder ``"auto"`` runs these options on: "fast" (the owned decoder) or "ct2".
     The owned decoder's own options ask for it; otherwise it is used for greedy, sequential
     int8 decoding where its kernels are built (not built here: that takes a minute)."""
     from audiofast.asr import kernels
 
-    if drafter != "none" or precision != "int8":
+    if drafter != "none" or precision not in (None, "int8"):
         return "fast"
     greedy = options.beam_size == 1 and not options.batch_size
     return "fast" if greedy and compute_type == "int8" and kernels.is_built() else "ct2"
@@ -67,15 +67,16 @@ class AutoWhisper:
 
 
 def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,
-               compute_type: str = "int8", precision: str = "int8", encoder: str = "ct2",
+               compute_type: str = "int8", precision: str | None = None, encoder: str = "ct2",
                drafter: str = "none", draft_model: str | Path | None = None, seed: int = 0):
     """A Whisper model ready to ``transcribe()`` (``model``: a packaged name, a CTranslate2
     folder or a hub id; None: the packaged default). ``compute_type`` is CTranslate2's;
-    ``precision`` (int8 | fp32), ``drafter`` and ``draft_model`` are the owned decoder's, and
+    ``precision`` (int8 | int4 | int4-head8 | int8-head4 | fp32; None: the model's own, see
+    ``engine.model_precision``), ``drafter`` and ``draft_model`` are the owned decoder's, and
     asking for them selects it under ``"auto"``."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    owned = drafter != "none" or precision != "int8"
+    owned = drafter != "none" or precision not in (None, "int8")
     if engine == "ct2" or (engine == "auto" and compute_type != "int8" and not owned):
         return CT2Whisper(model, threads=threads, compute_type=compute_type, seed=seed,
                           encoder=encoder)

@@ -38,6 +38,16 @@ class _DietWhisperLoader(WhisperLoader):
         return list(self.tokens)
 
 
+def whisper_spec(model, tokens: list[str], quantization: str):
+    """A Hugging Face Whisper as a validated CTranslate2 spec with ``tokens`` as its
+    vocabulary, weights in ``quantization``; ``model`` is left untouched (the spec holds the
+    tensors it is given and quantizes them in place, so it gets a copy)."""
+    spec = _DietWhisperLoader(tokens)(copy.deepcopy(model), None)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    return spec
+
+
 def export_diet_whisper(student, vocab: DietVocab, source_dir: str | Path, out_dir: str | Path,
                         timestamp_begin: int, quantization: str = "int8") -> Path:
     """Write ``out_dir`` (CT2, ``quantization`` weights) and ``out_dir/hf``; atomic: a
@@ -49,11 +59,7 @@ def export_diet_whisper(student, vocab: DietVocab, source_dir: str | Path, out_d
     try:
         student.save_pretrained(staging / "hf")
         tokens = diet_token_strings(tokenizer_json, vocab, timestamp_begin)
-        # The spec holds the model's own tensors and quantizes them in place: give it a copy.
-        spec = _DietWhisperLoader(tokens)(copy.deepcopy(student), None)
-        spec.validate()
-        spec.optimize(quantization=quantization)
-        spec.save(str(staging))
+        whisper_spec(student, tokens, quantization).save(str(staging))
         for folder in (staging, staging / "hf"):
             vocab.save(folder / VOCAB_MAP_FILE)
             shutil.copy(tokenizer_json, folder / "tokenizer.json")

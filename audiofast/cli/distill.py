@@ -1,5 +1,5 @@
-"""``audiofast distill``: the ASR lane's vocab-diet and drafter stages and the Stable Audio 3
-lane's cfg / steps / qad stages, each a thin shell over its library call."""
+"""``audiofast distill``: the ASR lane's vocab-diet, drafter and int4 QAD stages and the
+Stable Audio 3 lane's cfg / steps / qad stages, each a thin shell over its library call."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from pathlib import Path
 def add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "distill", help="train a faster model from a full one (resumable)",
-        description="ASR: vocab, drafter. Stable Audio 3: cfg (fold guidance), steps (fewer "
-        "sampler steps), qad (int8 quantization-aware distillation); these end with a gate "
-        "and exit 1 when it fails.")
+        description="ASR: vocab, drafter, qad --lane asr --bits 4 (int4 decoder). Stable Audio "
+        "3: cfg (fold guidance), steps (fewer sampler steps), qad (int8 quantization-aware "
+        "distillation). SA3 stages and ASR qad end with a gate and exit 1 when it fails.")
     p.add_argument("--stage", choices=["vocab", "drafter", "cfg", "steps", "qad"], required=True,
                    help="vocab: cut the output vocabulary and recover; drafter: draft decoder; "
-                   "cfg / steps / qad: the SA3 stages")
+                   "cfg / steps / qad: the SA3 stages (qad --lane asr: the Whisper decoder)")
+    p.add_argument("--lane", choices=["asr", "sa3"], default=None,
+                   help="for qad: which lane (default: sa3; --bits implies asr)")
+    p.add_argument("--bits", type=int, choices=[4], default=None,
+                   help="ASR qad: the decoder layers' weight bits")
+    p.add_argument("--head-bits", type=int, choices=[8, 4], default=8,
+                   help="ASR qad: the output head's weight bits (4: rounded, not trained)")
     p.add_argument("--model", default=None,
                    help="ASR target (default: whisper-base) or SA3 parent checkpoint directory")
     p.add_argument("--keep", type=int, default=8000,
@@ -50,6 +56,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_distill(args: argparse.Namespace) -> int:
+    asr_qad = args.stage == "qad" and (args.lane == "asr" or args.bits is not None)
+    if asr_qad:
+        return _run_qad_asr(args)
     if args.stage in ("cfg", "steps", "qad"):
         return _run_distill_sa3(args)
     from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
@@ -64,6 +73,24 @@ def _run_distill(args: argparse.Namespace) -> int:
         out = distill_drafter(args.model, recipe, workdir, args.out, args.threads)
     print(out)
     return 0
+
+
+def _run_qad_asr(args: argparse.Namespace) -> int:
+    from audiofast.distill.asr_qad import QadRecipe, distill_qad
+    from audiofast.eval.gate import gate_asr, load_config
+
+    steps = {} if args.steps is None else {"steps": args.steps}
+    precision = "int4" if args.head_bits == 4 else "int4-head8"
+    recipe = QadRecipe(precision=precision, train_sentences=args.sentences, **steps)
+    model = args.model or "whisper-base"
+    out = distill_qad(model, recipe, args.workdir or Path("runs/distill"), args.out, args.threads)
+    print(out)
+    if args.no_gate:
+        return 0
+    verdict = gate_asr(f"fast:{out}", model, load_config(), threads=args.threads)
+    verdict.write(out / "gate")
+    print(verdict.markdown())
+    return 0 if verdict.passed else 1
 
 
 def _run_distill_sa3(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from audiofast.asr.engine import PRECISIONS
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.writers import FORMATS, WRITERS, write_transcript
 
@@ -35,10 +36,12 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                    "with its C++ kernels) or CTranslate2 (ct2: beams, batched chunks, other "
                    "compute types); auto (default): fast where its kernels are built and the "
                    "options allow it, else ct2")
-    p.add_argument("--precision", choices=["int8", "fp32"], default="int8",
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="the fast engine's decoder: int8 (the fused C++ decoder: per-channel "
                         "weights, each row's activations quantized alone, so drafting is "
-                        "lossless) or fp32 (the eager reference decoder, slower)")
+                        "lossless); int4 / int4-head8 / int8-head4 (int4 weights in groups of "
+                        "64 in every linear, the layers, or the head); or fp32 (the eager "
+                        "reference decoder, slower)")
     p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,

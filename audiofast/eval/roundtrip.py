@@ -84,7 +84,7 @@ ENCODERS = {"ov": "openvino", "auto": "auto"}  # +ov, +auto
 class ASRSpec:
     engine: str  # "ct2" or "fast" (the owned decoder engine)
     model: str
-    compute_type: str  # CTranslate2 compute type, or the fast engine's precision
+    compute_type: str | None  # CTranslate2's, or the fast engine's precision (None: the model's)
     encoder: str  # "ct2", "openvino" or "auto"
     options: dict[str, float]  # TranscribeOptions overrides
 
@@ -116,7 +116,9 @@ def parse_asr_spec(spec: str) -> ASRSpec:
                              "want +ov, +auto, +padN, +batchN, +chunkN or +beamN")
         overrides[SPEC_OPTIONS[key]] = int(value) if key in INT_OPTIONS else value
     encoder = next((ENCODERS[e] for e in extras if e in ENCODERS), "ct2")
-    return ASRSpec(engine or "ct2", model, compute_type or "int8", encoder, overrides)
+    if not compute_type and engine != "fast":
+        compute_type = "int8"
+    return ASRSpec(engine or "ct2", model, compute_type or None, encoder, overrides)
 
 
 class CachedASR:

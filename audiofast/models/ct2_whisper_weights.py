@@ -62,7 +62,9 @@ def whisper_state_dict(ct2: CT2Model, encoder: bool = True) -> dict[str, torch.T
         _linear(ct2, f"{src}/attention/linear_2", f"{dst}.encoder_attn.out_proj", sd)
         _norm(ct2, f"{src}/attention/layer_norm", f"{dst}.encoder_attn_layer_norm", sd)
     _norm(ct2, "decoder/layer_norm", "model.decoder.layer_norm", sd)
-    return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
+    # float32 files come memory-mapped read-only: those arrays are copied (torch writes)
+    return {k: torch.from_numpy(np.require(v, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+            for k, v in sd.items()}
 
 
 def _encoder_state(ct2: CT2Model, sd: dict[str, np.ndarray]) -> None:
