@@ -30,6 +30,7 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                    help="vocab: tokens to keep; drafter: tokens its cut output head can draft")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps (vocab: 0 = slice only; qad: 0 = int8 without training)")
+    p.add_argument("--lr", type=float, default=None, help="ASR stages: learning rate")
     p.add_argument("--sentences", type=int, default=400,
                    help="domain sentences spoken for training")
     p.add_argument("--workdir", type=Path, default=None,
@@ -63,7 +64,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         return _run_distill_sa3(args)
     from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
 
-    steps = {} if args.steps is None else {"steps": args.steps}
+    steps = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None}
     workdir = args.workdir or Path("runs/distill")
     if args.stage == "vocab":
         recipe = VocabDietRecipe(keep=args.keep, train_sentences=args.sentences, **steps)
@@ -79,7 +80,7 @@ def _run_qad_asr(args: argparse.Namespace) -> int:
     from audiofast.distill.asr_qad import QadRecipe, distill_qad
     from audiofast.eval.gate import gate_asr, load_config
 
-    steps = {} if args.steps is None else {"steps": args.steps}
+    steps = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None}
     precision = "int4" if args.head_bits == 4 else "int4-head8"
     recipe = QadRecipe(precision=precision, train_sentences=args.sentences, **steps)
     model = args.model or "whisper-base"
