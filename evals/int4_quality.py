@@ -16,7 +16,6 @@ decoder ms/token on those transcriptions (median of ``--runs``). Writes ``<out>.
 
 from __future__ import annotations
 
-import audiofast  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads libgomp
 import argparse
 import json
 import platform
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+import audiofast  # noqa: F401 - sets GOMP_SPINCOUNT before torch loads libgomp
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import log_softmax
 from audiofast.asr.fast_runtime import FastWhisper
