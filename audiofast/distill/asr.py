@@ -82,6 +82,11 @@ def speak(sentences: list[str], voice: str) -> np.ndarray:
     return np.concatenate(parts)[: 30 * SAMPLE_RATE]
 
 
+def examples_cache(workdir: Path, teacher: CT2Whisper, sentences: int) -> Path:
+    """Where the spoken examples of ``sentences`` training sentences are kept."""
+    return workdir / f"examples-{model_name(teacher)}-{sentences}.pt"
+
+
 def build_examples(teacher: CT2Whisper, sentences: list[str], cache: str | Path | None = None,
                    voices: tuple[str, ...] = VOICES) -> list[Example]:
     """Spoken, encoded and teacher-transcribed clips (cached in ``cache`` once built)."""
@@ -194,7 +199,7 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
     vocab.attach_tokenizer(source / "tokenizer.json")
     name = f"{model_name(teacher_rt)}-diet{recipe.keep}"
     examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
-                              cache=workdir / f"examples-{model_name(teacher_rt)}.pt")
+                              cache=examples_cache(workdir, teacher_rt, recipe.train_sentences))
     student = slice_vocab(copy.deepcopy(teacher), vocab)
     if recipe.steps:
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
@@ -250,7 +255,7 @@ def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
     source = teacher_rt.resolved.ct2_dir
     sentences, _ = split_corpus(domain_corpus())
     examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
-                              cache=workdir / f"examples-{model_name(teacher_rt)}.pt")
+                              cache=examples_cache(workdir, teacher_rt, recipe.train_sentences))
     teacher, _ = whisper_from_ct2(source)
     draft = draft_from_target(teacher, recipe.layers)
     opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
