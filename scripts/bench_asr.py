@@ -32,11 +32,12 @@ Engine = Callable[[Path], dict]
 def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
                      window_pad: float | None = None, language: str | None = None,
                      draft_model: Path | None = None, diet_model: Path | None = None,
-                     ct2: str | None = None) -> Engine:
+                     ct2: str | None = None, qad_model: Path | None = None) -> Engine:
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
-    then any of ``+ngram`` / ``+model`` (drafter), ``+diet`` (the vocab-diet export instead of
-    the model), ``+padN`` (short windows encoded as audio + N s), ``+ov`` / ``+auto``
+    (``own``: the model folder's own) then any of ``+ngram`` / ``+model`` (drafter), ``+diet``
+    / ``+qad`` (the vocab-diet / QAD export instead of the model), ``+padN`` (short windows
+    encoded as audio + N s), ``+ov`` / ``+auto``
     (encoder)."""
     if fast:
         precision, *parts = fast.split("+")
@@ -44,8 +45,10 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         pads = [float(p[3:]) for p in parts if p.startswith("pad")]
         window_pad = pads[0] if pads else window_pad
         encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
-        runtime = load_model(str(diet_model) if "diet" in parts else model, "fast",
-                             threads=threads, precision=precision, drafter=drafter,
+        source = (str(diet_model) if "diet" in parts else str(qad_model) if "qad" in parts
+                  else model)
+        runtime = load_model(source, "fast", threads=threads,
+                             precision=None if precision == "own" else precision, drafter=drafter,
                              draft_model=draft_model, encoder=encoder)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
@@ -290,6 +293,9 @@ def main() -> None:
                         help="draft decoder for +model rows (audiofast distill --stage drafter)")
     parser.add_argument("--diet-model", type=Path, default=None,
                         help="vocab-diet export for +diet rows (audiofast distill --stage vocab)")
+    parser.add_argument("--qad-model", type=Path, default=None,
+                        help="int4 QAD export for +qad rows (audiofast distill --stage qad "
+                        "--lane asr), e.g. --fast own+qad+pad2")
     parser.add_argument("--language", default=None, help="given to every engine (default: detect)")
     parser.add_argument("--window-pad", nargs="*", type=float, default=[],
                         help="extra audiofast-ct2 rows encoding short windows as audio + PAD s")
@@ -336,7 +342,8 @@ def main() -> None:
                                                        language=args.language),
             **{f"audiofast-fast-{f}/{model}": audiofast_engine(
                 model, args.threads, args.beam_size, f, language=args.language,
-                draft_model=args.draft_model, diet_model=args.diet_model)
+                draft_model=args.draft_model, diet_model=args.diet_model,
+                qad_model=args.qad_model)
                for f in args.fast},
             **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(
                 model, args.threads, args.beam_size, window_pad=p, language=args.language)

@@ -31,8 +31,8 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="training steps (vocab: 0 = slice only; qad: 0 = int8 without training)")
     p.add_argument("--lr", type=float, default=None, help="ASR stages: learning rate")
-    p.add_argument("--sentences", type=int, default=400,
-                   help="domain sentences spoken for training")
+    p.add_argument("--sentences", type=int, default=None,
+                   help="domain sentences spoken for training (default: the stage's recipe)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="data and checkpoints; rerun the same command to resume after a kill")
     p.add_argument("--out", type=Path, default=None, help="output folder")
@@ -64,13 +64,14 @@ def _run_distill(args: argparse.Namespace) -> int:
         return _run_distill_sa3(args)
     from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
 
-    steps = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None}
+    given = {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
+                               ("train_sentences", args.sentences)) if v is not None}
     workdir = args.workdir or Path("runs/distill")
     if args.stage == "vocab":
-        recipe = VocabDietRecipe(keep=args.keep, train_sentences=args.sentences, **steps)
+        recipe = VocabDietRecipe(keep=args.keep, **given)
         out = distill_vocab(args.model, recipe, workdir, args.out, args.threads)
     else:
-        recipe = DrafterRecipe(train_sentences=args.sentences, head_keep=args.keep, **steps)
+        recipe = DrafterRecipe(head_keep=args.keep, **given)
         out = distill_drafter(args.model, recipe, workdir, args.out, args.threads)
     print(out)
     return 0
@@ -80,9 +81,10 @@ def _run_qad_asr(args: argparse.Namespace) -> int:
     from audiofast.distill.asr_qad import QadRecipe, distill_qad
     from audiofast.eval.gate import gate_asr, load_config
 
-    steps = {k: v for k, v in (("steps", args.steps), ("lr", args.lr)) if v is not None}
+    given = {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
+                               ("train_sentences", args.sentences)) if v is not None}
     precision = "int4" if args.head_bits == 4 else "int4-head8"
-    recipe = QadRecipe(precision=precision, train_sentences=args.sentences, **steps)
+    recipe = QadRecipe(precision=precision, **given)
     model = args.model or "whisper-base"
     out = distill_qad(model, recipe, args.workdir or Path("runs/distill"), args.out, args.threads)
     print(out)
