@@ -3,11 +3,12 @@
 A step of Whisper's decoder is ~300 small ops; in eager PyTorch the time between them and in
 dynamic int8 linears reading weights at a third of the memory bandwidth was most of a token.
 The fused call runs every layer in C++ (kernels/decoder_step.cpp) over int8 weights
-(int8_pack.py), a float KV cache and fp16 cross-attention K/V, and quantizes each row with its
-own range and sums products exactly in int32, so a row's logits never depend on the rows
-beside it: plain greedy and draft verification share one arithmetic, and drafting is lossless.
+(int8_pack.py; or int4 in groups of 64, int4_pack.py and docs/int4.md), a float KV cache and
+fp16 cross-attention K/V, and quantizes each row with its own range and sums products exactly
+in int32, so a row's logits never depend on the rows beside it: plain greedy and draft
+verification share one arithmetic, and drafting is lossless.
 
-An int8 head's logits are recomputed exactly (fp32) for its top ``RESCORE_TOP`` candidates:
+A quantized head's logits are recomputed exactly (fp32) for its top ``RESCORE_TOP`` candidates:
 the word choice is made among them, and the head was the layer whose rounding moved greedy
 output most. Everything here is numpy: the packed arrays are memory-mapped from the start-up
 cache (packed_cache.py) and a transcription on this decoder never imports torch (packing
@@ -73,8 +74,8 @@ def pack_decoder(weights: DecoderWeights, head_ids: torch.Tensor | None = None,
     return arrays
 
 
-class Int8Linear:
-    """One packed int8 linear on the kernel (cross-attention K/V, the int8 head alone)."""
+class PackedLinear:
+    """One packed int8 or int4 linear on the kernel (cross-attention K/V, the head alone)."""
 
     def __init__(self, arrays: list[np.ndarray]):
         self.arrays = arrays
@@ -93,7 +94,7 @@ class FusedDecoder:
         self.n_ctx, self.d_model = tensors["positions"].shape
         self.n_layers = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
         self.embed = tensors["embed"]
-        self.lm_head = Int8Linear([tensors[f"lm_head.{k}"] for k in range(4)])
+        self.lm_head = PackedLinear([tensors[f"lm_head.{k}"] for k in range(4)])
         params = [tensors["embed"], tensors["positions"], tensors["final_ln.0"],
                   tensors["final_ln.1"], *self.lm_head.arrays, tensors["exact_head"]]
         for i in range(self.n_layers):
@@ -102,7 +103,7 @@ class FusedDecoder:
                 params += [tensors[f"layers.{i}.{part}.{k}"] for k in range(count)]
         self.params = kernels.as_arrays(params)  # built once; the arrays live in _tensors
         # The once-per-window K/V projection of the encoder output, each frame its own range.
-        self.cross_kv = [Int8Linear([tensors[f"layers.{i}.cross_kv.{k}"] for k in range(4)])
+        self.cross_kv = [PackedLinear([tensors[f"layers.{i}.cross_kv.{k}"] for k in range(4)])
                          for i in range(self.n_layers)]
         shape = (self.n_layers, 1, self.n_heads, self.n_ctx, HEAD_DIM)
         self.k_cache = np.zeros(shape, np.float32)
