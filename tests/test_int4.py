@@ -113,3 +113,33 @@ def test_int4_refuses_bad_shapes_and_arrays(kernel):
                                  np.zeros(40, np.float32)])
     with pytest.raises(ValueError, match=r"\(rows, in\) float32"):
         kernels.quant_linear(x[:, :64].copy(), [packed, scales, zero, bias])
+
+
+@pytest.fixture(scope="module")
+def fast_int4(kernel):
+    from audiofast.asr.fast_runtime import FastWhisper
+
+    return FastWhisper("whisper-base", threads=2, precision="int4")
+
+
+def test_int4_decoder_rows_alone_and_drafting_lossless(fast_int4, clips):
+    """With int4 weights in every linear a k-row verify call still equals k single rows bit
+    for bit, so n-gram drafting keeps plain greedy's tokens exactly, with drafts accepted."""
+    engine = fast_int4.engine
+    assert engine.numerics.startswith("int4-fused") and engine.numerics.endswith("-g64")
+    tokens = np.array([50258, 50259, 50359, 50364, 440, 2068, 3699, 291, 257, 1702])
+    engine.set_audio(fast_int4.encode(np.zeros((80, 3000), np.float32) - 0.5))
+    engine(tokens[:4], 0)
+    together = engine(tokens[4:], 4, rowwise=True)
+    apart = np.concatenate([engine(tokens[i : i + 1], i) for i in range(4, len(tokens))])
+    assert np.array_equal(together, apart)
+    accepted = 0
+    for clip in ("two_cities", "beckett"):
+        fast_int4.drafter_name = "none"
+        plain = [s.tokens for s in fast_int4.transcribe(clips[clip].audio).segments]
+        fast_int4.drafter_name = "ngram"
+        before = fast_int4.stats["accepted"]
+        drafted = fast_int4.transcribe(clips[clip].audio)
+        assert [s.tokens for s in drafted.segments] == plain, clip
+        accepted += fast_int4.stats["accepted"] - before
+    assert accepted > 0
