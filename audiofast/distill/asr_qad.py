@@ -92,7 +92,7 @@ def grid_reproduced(model, group: int = GROUP) -> float:
 
 def train_qad(teacher, student, examples: list[Example], opts: TrainOptions,
               checkpoint: str | Path, batch_size: int = 4, temperature: float = 1.0,
-              alpha: float = 0.9):
+              alpha: float = 1.0):
     """KL to the teacher's logits (``alpha`` < 1 adds cross-entropy on its tokens) through
     the rounded weights; only the decoder's int4 linears train."""
     teacher.eval().requires_grad_(False)
@@ -169,7 +169,10 @@ def export_qad(student, source_dir: Path, out_dir: Path, settings: dict) -> Path
     tokenizer and config, and ``audiofast.json`` naming its decoder precision; atomic."""
     from audiofast.asr.vocab_diet_export import whisper_spec
 
-    tokens = (source_dir / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
+    if (source_dir / "vocabulary.json").is_file():
+        tokens = json.loads((source_dir / "vocabulary.json").read_text(encoding="utf-8"))
+    else:
+        tokens = (source_dir / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
