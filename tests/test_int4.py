@@ -143,3 +143,44 @@ def test_int4_decoder_rows_alone_and_drafting_lossless(fast_int4, clips):
         assert [s.tokens for s in drafted.segments] == plain, clip
         accepted += fast_int4.stats["accepted"] - before
     assert accepted > 0
+
+
+def test_int8_cross_attention_kv_tracks_fp16_and_keeps_rows_alone(kernel, clips):
+    """``-kv8``: the window's cross-attention K/V in int8 (a scale per frame and head) give
+    logits within a small KL of the fp16 K/V's on a real window, the same argmax along its
+    transcript, and verify rows still equal single rows bit for bit."""
+    from audiofast.asr.decoding import log_softmax
+    from audiofast.asr.fast_runtime import FastWhisper
+    from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+    from audiofast.audio import load_audio
+
+    fp16 = FastWhisper("whisper-base", threads=2, precision="int8")
+    kv8 = FastWhisper(threads=2, precision="int8-kv8", ct2=fp16.ct2)
+    assert "-kv8-" in kv8.engine.numerics and "-kv16-" in fp16.engine.numerics
+    mel = log_mel_spectrogram(load_audio(clips["two_cities"].audio), fp16.n_mels)
+    encoded = fp16.encode(pad_or_trim(mel, 3000))
+    tokens = [50258, 50259, 50359, 50363]
+    engine = fp16.engine
+    engine.set_audio(encoded)
+    logits = engine(tokens, 0)[-1]
+    while int(logits.argmax()) != 50257 and len(tokens) < 60:
+        tokens.append(int(logits.argmax()))
+        logits = engine(tokens[-1:], len(tokens) - 1)[0]
+    out = {}
+    for name, runtime in (("fp16", fp16), ("kv8", kv8)):
+        runtime.engine.set_audio(encoded)
+        out[name] = log_softmax(runtime.engine(np.array(tokens), 0)[3:-1])
+    assert np.array_equal(out["kv8"].argmax(-1), out["fp16"].argmax(-1))
+    kl = (np.exp(out["fp16"]) * (out["fp16"] - out["kv8"])).sum(-1).mean()
+    assert 0 < kl < 1e-3, kl
+    together = kv8.engine(np.array(tokens[4:10]), 4, rowwise=True)
+    kv8.engine(np.array(tokens[:4]), 0)
+    apart = np.concatenate([kv8.engine(np.array(tokens[i : i + 1]), i) for i in range(4, 10)])
+    assert np.array_equal(together, apart)
+    backend = kv8.engine.backend  # int8 K/V without their scales: refused, not misread
+    _, keys, values, _ = backend.project_audio(encoded)
+    with pytest.raises(ValueError, match="need their scales"):
+        kernels.decoder_forward(np.array([50258]), 0, 0, backend.params, backend.k_cache,
+                                backend.v_cache, keys, values, 16, backend.lm_head.out_features)
+    with pytest.raises(ValueError, match="16 or 8"):
+        type(backend)(backend.tensors(), kv_bits=4)

@@ -8,7 +8,9 @@ with a preallocated self-attention KV cache and cross-attention K/V computed onc
   attended alone, so k rows at once equal k single rows bit for bit. Needs the kernels
   (kernels/); where they cannot be built, the ``ct2`` engine decodes instead.
 - ``int4``, ``int4-head8``, ``int8-head4``: the same decoder with int4 weights (groups of 64
-  inputs, int4_pack.py) in every linear, in the layers only, or in the output head only.
+  inputs, int4_pack.py) in every linear, in the layers only, or in the output head only;
+  ``-kv8`` after any of them: cross-attention K/V in int8 (one scale per frame and head)
+  instead of fp16 (docs/int4.md).
 - ``fp32``: the eager reference decoder (reference_decoder.py), the numerics oracle.
 
 Tokens in and logits out are numpy arrays whichever backend runs; torch is imported only for
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,10 +32,16 @@ if TYPE_CHECKING:
     from audiofast.asr.decoder_weights import DecoderWeights
     from audiofast.asr.vocab_diet import DietVocab
 
-Precision = Literal["fp32", "int8", "int4", "int4-head8", "int8-head4"]
+Precision = str  # one of PRECISIONS
 # The fused decoder's precisions: weight bits of the layers' linears and of the output head.
 FUSED_BITS = {"int8": (8, 8), "int4": (4, 4), "int4-head8": (4, 8), "int8-head4": (8, 4)}
-PRECISIONS = (*FUSED_BITS, "fp32")
+KV8 = "-kv8"  # suffix: cross-attention K/V in int8 instead of fp16
+PRECISIONS = (*FUSED_BITS, *(p + KV8 for p in FUSED_BITS), "fp32")
+
+
+def weight_bits(precision: str) -> tuple[int, int] | None:
+    """(layers, head) weight bits of a fused precision; None for the fp32 reference."""
+    return FUSED_BITS.get(precision.removesuffix(KV8))
 MODEL_SETTINGS = "audiofast.json"  # in a model folder: the precision it was trained for (QAD)
 
 
@@ -52,7 +60,7 @@ class KernelsUnavailable(RuntimeError):
     """The fused decoder cannot run here (no compiler, or a CPU without AVX2)."""
 
 
-def fused_backend(tensors: dict[str, np.ndarray]):
+def fused_backend(tensors: dict[str, np.ndarray], kv_bits: int = 16):
     """A :class:`~audiofast.asr.fused_decoder.FusedDecoder`, or one line saying why not."""
     from audiofast.asr import kernels
     from audiofast.asr.fused_decoder import FusedDecoder
@@ -61,7 +69,7 @@ def fused_backend(tensors: dict[str, np.ndarray]):
         raise KernelsUnavailable("the int8 decoder needs audiofast's C++ kernels, which are not "
                                  "available here (see the warning above); use --engine ct2 "
                                  "or --precision fp32")
-    return FusedDecoder(tensors)
+    return FusedDecoder(tensors, kv_bits)
 
 
 class WhisperDecoderEngine:
@@ -82,15 +90,17 @@ class WhisperDecoderEngine:
             from audiofast.asr.decoder_weights import DecoderWeights
 
             model = DecoderWeights.from_hf(model)
-        if precision in FUSED_BITS:
+        if weight_bits(precision) is not None:
             from audiofast.asr.fused_decoder import RESCORE_TOP, pack_decoder
 
             tensors = (model if isinstance(model, dict)
-                       else pack_decoder(model, head_ids, FUSED_BITS[precision]))
-            self.backend = fused_backend(tensors)
+                       else pack_decoder(model, head_ids, weight_bits(precision)))
+            kv_bits = 8 if precision.endswith(KV8) else 16
+            self.backend = fused_backend(tensors, kv_bits)
             # Which arithmetic runs: the judge's transcript cache keys on it.
-            self.numerics = (f"{precision}-fused-a8-per-row-rescore{RESCORE_TOP}-kv16-kvproj8-"
-                             "avx2" + ("-g64" if "4" in precision else ""))
+            weights = precision.removesuffix(KV8)
+            self.numerics = (f"{weights}-fused-a8-per-row-rescore{RESCORE_TOP}-kv{kv_bits}-"
+                             "kvproj8-avx2" + ("-g64" if "4" in weights else ""))
         else:
             from audiofast.asr.reference_decoder import ReferenceBackend
 

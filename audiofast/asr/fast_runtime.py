@@ -16,7 +16,13 @@ from audiofast.asr.decoding import (
     sample_decode_forked,
 )
 from audiofast.asr.drafters.ngram import NgramDrafter
-from audiofast.asr.engine import FUSED_BITS, Precision, WhisperDecoderEngine, model_precision
+from audiofast.asr.engine import (
+    KV8,
+    Precision,
+    WhisperDecoderEngine,
+    model_precision,
+    weight_bits,
+)
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
@@ -43,7 +49,7 @@ class FastWhisper:
         precision = precision or model_precision(self.ct2.resolved.ct2_dir)
         self.engine = WhisperDecoderEngine(self._decoder_weights(precision), precision,
                                            self.ct2.vocab)
-        if precision in FUSED_BITS:  # 0: every core (the pool is the process's: set each time)
+        if weight_bits(precision) is not None:  # threads 0: every core (the pool is shared)
             from audiofast.asr import kernels
 
             kernels.set_threads(threads)
@@ -74,14 +80,15 @@ class FastWhisper:
             return DecoderWeights.from_hf(
                 WhisperForConditionalGeneration.from_pretrained(folder / "hf"))
 
-        if precision not in FUSED_BITS:
+        bits = weight_bits(precision)
+        if bits is None:
             return weights()
         from audiofast.asr.fused_decoder import pack_decoder
         from audiofast.asr.packed_cache import load_or_pack
 
         return load_or_pack(folder / "model.bin", None,
-                            lambda: pack_decoder(weights(), bits=FUSED_BITS[precision]),
-                            precision)
+                            lambda: pack_decoder(weights(), bits=bits),
+                            precision.removesuffix(KV8))  # K/V bits are not in the pack
 
     def make_drafter(self) -> Drafter | None:
         if self.drafter_name == "none":

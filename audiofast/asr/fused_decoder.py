@@ -88,7 +88,10 @@ class PackedLinear:
 class FusedDecoder:
     """The fused call's inputs (packed arrays, KV cache) and its calls."""
 
-    def __init__(self, tensors: dict[str, np.ndarray]):
+    def __init__(self, tensors: dict[str, np.ndarray], kv_bits: int = 16):
+        if kv_bits not in (8, 16):
+            raise ValueError(f"cross-attention K/V bits must be 16 or 8, not {kv_bits}")
+        self.kv_bits = kv_bits
         self._tensors = tensors
         self.n_heads = int(tensors["n_heads"])
         self.n_ctx, self.d_model = tensors["positions"].shape
@@ -114,31 +117,38 @@ class FusedDecoder:
         return self._tensors
 
     def project_audio(self, encoder_out: np.ndarray) -> tuple:
-        """Cross-attention K and V per layer, (heads, frames, 64) fp16, once per window: read
-        whole on every token (36 MB at 1500 frames in fp32, more than L3), so stored in fp16
-        (~1e-4 relative rounding, below int8's elsewhere) and widened in registers. Returns
-        (keys, values, their C arrays for the kernel)."""
+        """Cross-attention K and V per layer, (heads, frames, 64), once per window: read whole
+        on every token (36 MB at 1500 frames in fp32, more than L3), so stored in fp16 (~1e-4
+        relative rounding, below int8's elsewhere) or with ``kv_bits=8`` in int8 with one
+        symmetric scale per frame and head, and widened in registers. Returns (the arrays,
+        their C arrays for the kernel: keys, values, and for int8 their scales)."""
         enc = np.asarray(encoder_out, dtype=np.float32).reshape(-1, self.d_model)
-        keys, values = [], []
+        arrays: dict[str, list[np.ndarray]] = {"k": [], "v": [], "k_scale": [], "v_scale": []}
         for project in self.cross_kv:
-            k, v = np.split(project(enc), 2, axis=-1)
-            keys.append(self._heads(k))
-            values.append(self._heads(v))
-        # The C arrays hold pointers: the numpy lists are returned with them and kept alive
+            for name, x in zip("kv", np.split(project(enc), 2, axis=-1), strict=True):
+                heads = x.reshape(x.shape[0], self.n_heads, HEAD_DIM).transpose(1, 0, 2)
+                if self.kv_bits == 16:
+                    arrays[name].append(np.ascontiguousarray(heads, dtype=np.float16))
+                    continue
+                scale = np.abs(heads).max(-1) / 127
+                scale[scale == 0] = 1.0
+                arrays[name].append(np.ascontiguousarray(
+                    np.rint(heads / scale[..., None]), dtype=np.int8))
+                arrays[f"{name}_scale"].append(np.ascontiguousarray(scale, dtype=np.float32))
+        # The C arrays hold pointers: the numpy arrays are returned with them and kept alive
         # together (WhisperDecoderEngine keeps the tuple for the window).
-        return keys, values, kernels.as_arrays(keys), kernels.as_arrays(values)
-
-    def _heads(self, x: np.ndarray) -> np.ndarray:
-        heads = x.reshape(x.shape[0], self.n_heads, HEAD_DIM).transpose(1, 0, 2)
-        return np.ascontiguousarray(heads, dtype=np.float16)
+        scales = None
+        if self.kv_bits == 8:
+            scales = (kernels.as_arrays(arrays["k_scale"]), kernels.as_arrays(arrays["v_scale"]))
+        return arrays, kernels.as_arrays(arrays["k"]), kernels.as_arrays(arrays["v"]), scales
 
     def __call__(self, tokens: np.ndarray, start: int, last: int, cross: tuple,
                  rowwise: bool = False) -> np.ndarray:
         """Logits of ``tokens`` at ``start``; every row is computed as if fed alone, so
         ``rowwise`` (draft verification) needs nothing extra here."""
         return kernels.decoder_forward(tokens, start, last, self.params, self.k_cache,
-                                       self.v_cache, cross[2], cross[3], RESCORE_TOP,
-                                       self.lm_head.out_features)
+                                       self.v_cache, cross[1], cross[2], RESCORE_TOP,
+                                       self.lm_head.out_features, cross[3])
 
     def fork(self, copies: int, length: int) -> None:
         """Caches for ``copies`` sequences, each starting with the main cache's first
@@ -153,5 +163,5 @@ class FusedDecoder:
     def forked(self, tokens: np.ndarray, position: int, cross: tuple) -> np.ndarray:
         """One token per forked sequence, all at ``position``: a row per sequence."""
         return kernels.decoder_forward(tokens, position, 0, self.params, self.forked_k,
-                                       self.forked_v, cross[2], cross[3], RESCORE_TOP,
-                                       self.lm_head.out_features)
+                                       self.forked_v, cross[1], cross[2], RESCORE_TOP,
+                                       self.lm_head.out_features, cross[3])

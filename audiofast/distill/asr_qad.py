@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.engine import FUSED_BITS, MODEL_SETTINGS
+from audiofast.asr.engine import MODEL_SETTINGS, weight_bits
 from audiofast.asr.int4_pack import GROUP, QMAX, QMIN, dequantize_int4, quantize_int4
 from audiofast.asr.vocab_diet import kd_loss
 from audiofast.distill.asr import (
@@ -132,8 +132,8 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
                 out: str | Path | None = None, threads: int = 0) -> Path:
     """QAD ``model``'s decoder to ``recipe.precision`` and export it (``--model DIR``); the
     spoken examples and the checkpoint in ``workdir`` make a killed run resume."""
-    if FUSED_BITS.get(recipe.precision, (8,))[0] != 4:
-        raise ValueError(f"QAD trains int4 layers: precision int4 or int4-head8, not "
+    if (weight_bits(recipe.precision) or (8,))[0] != 4:
+        raise ValueError(f"QAD trains int4 layers: precision int4 or int4-head8 (-kv8), not "
                          f"{recipe.precision!r}")
     if recipe.group != GROUP:
         raise ValueError(f"the packer rounds in groups of {GROUP}; QAD must train on the same")

@@ -130,7 +130,7 @@ def _load(path: Path) -> ctypes.CDLL:
     i64, ptr, arr = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(Array)
     lib.audiofast_last_error.restype = ctypes.c_char_p
     lib.audiofast_decoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64, arr, arr, arr, arr,
-                                              i64, i64, ptr, i64]
+                                              arr, arr, i64, i64, ptr, i64]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
@@ -202,17 +202,20 @@ def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray]) -> np.ndarray:
 
 def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Array,
                     k_cache: np.ndarray, v_cache: np.ndarray, cross_k: ctypes.Array,
-                    cross_v: ctypes.Array, rescore: int, vocab: int) -> np.ndarray:
+                    cross_v: ctypes.Array, rescore: int, vocab: int,
+                    cross_scales: tuple[ctypes.Array, ctypes.Array] | None = None) -> np.ndarray:
     """Logits (rows, or the last ``last``, x ``vocab``) of ``tokens`` through every decoder
-    layer; ``params``, ``cross_k``, ``cross_v``: :func:`as_arrays` of the decoder's arrays
-    (fused_decoder.py), built once and kept alive by the caller."""
+    layer; ``params``, ``cross_k``, ``cross_v`` (and for int8 K/V ``cross_scales``, per layer
+    (heads, frames) float32): :func:`as_arrays` of the decoder's arrays (fused_decoder.py),
+    built once and kept alive by the caller."""
     tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
     rows = tokens.shape[0]
     out = np.empty((min(last, rows) if last > 0 else rows, vocab), dtype=np.float32)
     k, v = as_array(k_cache), as_array(v_cache)
     _check(_library().audiofast_decoder_forward(
         tokens.ctypes.data, rows, start, last, params, len(params), ctypes.byref(k),
-        ctypes.byref(v), cross_k, cross_v, len(cross_k), rescore, out.ctypes.data, out.size))
+        ctypes.byref(v), cross_k, cross_v, *(cross_scales or (None, None)), len(cross_k), rescore,
+        out.ctypes.data, out.size))
     return out
 
 

@@ -15,6 +15,11 @@ inline __m256 load8(const uint16_t* p) {  // fp16, widened
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+inline __m256 load8(const int8_t* p) {  // int8, widened (exact)
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 inline float sum8(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_hadd_ps(x, x);
@@ -74,12 +79,13 @@ inline void gelu(float* x, int64_t n) {
   }
 }
 
-// One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float or
-// fp16 widened as read), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are
-// contiguous, so keys and values are read front to back once.
+// One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float,
+// fp16 or int8 widened as read; int8 rows times their key_scale / value_scale, else those are
+// null), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are contiguous, so
+// keys and values are read front to back once.
 template <typename T>
 void attend(const float* q, const T* keys, const T* values, int64_t n, float* scores,
-            float* out) {
+            float* out, const float* key_scale = nullptr, const float* value_scale = nullptr) {
   __m256 qv[8];
   for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
   float top = -INFINITY;
@@ -92,6 +98,7 @@ void attend(const float* q, const T* keys, const T* values, int64_t n, float* sc
       b = _mm256_fmadd_ps(qv[i + 1], load8(row + 8 * i + 8), b);
     }
     scores[t] = sum8(_mm256_add_ps(a, b));
+    if (key_scale) scores[t] *= key_scale[t];
     top = scores[t] > top ? scores[t] : top;
   }
   for (int64_t t = n; t < ((n + 7) & ~int64_t{7}); ++t) scores[t] = -INFINITY;
@@ -105,7 +112,7 @@ void attend(const float* q, const T* keys, const T* values, int64_t n, float* sc
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
-    const __m256 p = _mm256_set1_ps(scores[t]);
+    const __m256 p = _mm256_set1_ps(value_scale ? scores[t] * value_scale[t] : scores[t]);
     const T* row = values + t * kHeadDim;
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(row + 8 * i), acc[i]);
   }

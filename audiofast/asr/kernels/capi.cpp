@@ -43,11 +43,14 @@ int audiofast_decoder_forward(const int64_t* ids, int64_t rows, int64_t start, i
                               const audiofast::Array* params, int64_t n_params,
                               const audiofast::Array* k_cache, const audiofast::Array* v_cache,
                               const audiofast::Array* cross_k, const audiofast::Array* cross_v,
+                              const audiofast::Array* cross_k_scale,
+                              const audiofast::Array* cross_v_scale,
                               int64_t n_cross, int64_t rescore, float* logits,
                               int64_t logits_size) {
   return guarded([&] {
     audiofast::decoder_forward(ids, rows, start, last, params, n_params, *k_cache, *v_cache,
-                               cross_k, cross_v, n_cross, rescore, logits, logits_size);
+                               cross_k, cross_v, cross_k_scale, cross_v_scale, n_cross,
+                               rescore, logits, logits_size);
   });
 }
 

@@ -1,9 +1,10 @@
-// Cross-attention of one query row over a window's fp16 keys and values (AVX2 + F16C).
+// Cross-attention over a window's fp16 or int8 keys and values (AVX2 + F16C).
 //
 // The decoder reads every encoder frame's K and V on every token: 36 MB in fp32 at 1500
 // frames, more than this CPU's L3, so a token's attention is a pass over DRAM. Stored in
 // fp16 that pass halves; widening them with a separate op first wrote the fp32 copy back
-// out and saved nothing, so here each frame is widened in registers as it is used.
+// out and saved nothing, so here each frame is widened in registers as it is used. int8 rows
+// (one scale per frame and head) halve the pass again.
 #include "cross_attention.h"
 
 #include "avx2.h"
@@ -11,20 +12,39 @@
 
 namespace audiofast {
 
+void check_cross(const Array& keys, const Array& values, const Array* key_scale,
+                 const Array* value_scale, int64_t heads) {
+  const bool int8 = keys.dtype == kInt8;
+  check((keys.is(kFloat16, 3) || keys.is(kInt8, 3)) && keys.size(0) == heads &&
+            keys.size(2) == kHeadDim && values.dtype == keys.dtype && keys.same_shape(values),
+        "cross-attention keys and values must be contiguous (heads, frames, 64) float16 or "
+        "int8, one shape");
+  check(int8 == (key_scale != nullptr && value_scale != nullptr),
+        "cross-attention: int8 keys and values need their scales, float16 ones none");
+  if (int8)
+    for (const Array* s : {key_scale, value_scale})
+      check(s->is(kFloat32, 2) && s->size(0) == heads && s->size(1) == keys.size(1),
+            "cross-attention scales must be float32 (heads, frames)");
+}
+
 void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Array& keys,
-                          const Array& values, float* out) {
-  check(keys.is(kFloat16, 3) && keys.size(0) == heads && keys.size(2) == kHeadDim &&
-            values.dtype == kFloat16 && keys.same_shape(values),
-        "keys and values must be contiguous (heads, frames, 64) float16");
+                          const Array& values, const Array* key_scale,
+                          const Array* value_scale, float* out) {
+  check_cross(keys, values, key_scale, value_scale, heads);
   const int64_t frames = keys.size(1), d = heads * kHeadDim;
-  const auto* k = keys.ptr<const uint16_t>();
-  const auto* v = values.ptr<const uint16_t>();
   parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(frames + 8);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t m = t / heads, h = t % heads;
-      attend(q + m * d + h * kHeadDim, k + h * frames * kHeadDim, v + h * frames * kHeadDim,
-             frames, scores.data(), out + m * d + h * kHeadDim);
+      const int64_t m = t / heads, h = t % heads, at = h * frames * kHeadDim;
+      float* o = out + m * d + h * kHeadDim;
+      const float* qh = q + m * d + h * kHeadDim;
+      if (keys.dtype == kInt8)
+        attend(qh, keys.ptr<const int8_t>() + at, values.ptr<const int8_t>() + at, frames,
+               scores.data(), o, key_scale->ptr<const float>() + h * frames,
+               value_scale->ptr<const float>() + h * frames);
+      else
+        attend(qh, keys.ptr<const uint16_t>() + at, values.ptr<const uint16_t>() + at, frames,
+               scores.data(), o);
     }
   });
 }

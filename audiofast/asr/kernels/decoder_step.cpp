@@ -81,7 +81,8 @@ void self_attention(const float* qkv, int64_t rows, const Rows& at, int64_t head
 // Every input's dtype and shape, each failure one line naming the input: the op reads raw
 // pointers, so a wrong array must be refused before any is read.
 void check_inputs(const Array* params, const Array& k_cache, const Array& v_cache,
-                  const Array* cross_k, const Array* cross_v, int64_t layers, int64_t d) {
+                  const Array* cross_k, const Array* cross_v, const Array* cross_k_scale,
+                  const Array* cross_v_scale, int64_t layers, int64_t d) {
   check(k_cache.is(kFloat32, 5) && k_cache.size(4) == kHeadDim && v_cache.same_shape(k_cache) &&
             v_cache.dtype == kFloat32,
         "decoder_forward: k_cache and v_cache must be float32 (layers, sequences, heads, "
@@ -90,11 +91,8 @@ void check_inputs(const Array* params, const Array& k_cache, const Array& v_cach
     check(params[i].is(kFloat32, 2) && params[i].size(1) == d,
           "decoder_forward: embeddings must be contiguous float32 (n, width)");
   for (int64_t l = 0; l < layers; ++l)
-    for (const Array* t : {&cross_k[l], &cross_v[l]})
-      check(t->is(kFloat16, 3) && t->size(0) == k_cache.size(2) && t->size(2) == kHeadDim &&
-                t->same_shape(cross_k[l]),
-            "decoder_forward: cross_k / cross_v must be contiguous float16 (heads, frames, 64), "
-            "one shape per layer");
+    check_cross(cross_k[l], cross_v[l], cross_k_scale ? &cross_k_scale[l] : nullptr,
+                cross_v_scale ? &cross_v_scale[l] : nullptr, k_cache.size(2));
 }
 
 // The ids of the top `k` logits of a row (ties: the lower id), in no particular order.
@@ -113,7 +111,8 @@ std::vector<int64_t> top_ids(const float* logits, int64_t n, int64_t k) {
 void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t last,
                      const Array* params, int64_t n_params, const Array& k_cache,
                      const Array& v_cache, const Array* cross_k, const Array* cross_v,
-                     int64_t n_cross, int64_t rescore, float* logits, int64_t logits_size) {
+                     const Array* cross_k_scale, const Array* cross_v_scale, int64_t n_cross,
+                     int64_t rescore, float* logits, int64_t logits_size) {
   check(rows > 0, "decoder_forward: tokens must be a non-empty 1-D int64 array");
   check(n_params > kLayers && k_cache.ndim == 5,
         "decoder_forward: parameters do not match the cache's layer count");
@@ -129,7 +128,8 @@ void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t la
   check(heads * kHeadDim == d && d % 32 == 0, "decoder_forward: model width must be heads x 64");
   check(n_params == kLayers + layers * kLayerSize && n_cross == layers,
         "decoder_forward: parameters do not match the cache's layer count");
-  check_inputs(params, k_cache, v_cache, cross_k, cross_v, layers, d);
+  check_inputs(params, k_cache, v_cache, cross_k, cross_v, cross_k_scale, cross_v_scale, layers,
+               d);
   std::vector<float> x(rows * d);  // the residual stream
   float* xp = x.data();
   for (int64_t m = 0; m < rows; ++m) {
@@ -170,7 +170,9 @@ void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t la
                normed.data());
     linear(cross_q, normed.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) y[i] *= 0.125f;  // 1 / sqrt(64), exact
-    cross_attention_rows(y.data(), rows, heads, cross_k[l], cross_v[l], attn.data());
+    cross_attention_rows(y.data(), rows, heads, cross_k[l], cross_v[l],
+                         cross_k_scale ? &cross_k_scale[l] : nullptr,
+                         cross_v_scale ? &cross_v_scale[l] : nullptr, attn.data());
     linear(cross_out, attn.data(), rows, y.data());
     for (int64_t i = 0; i < rows * d; ++i) xp[i] += y[i];
 
