@@ -92,7 +92,7 @@ def grid_reproduced(model, group: int = GROUP) -> float:
 
 def train_qad(teacher, student, examples: list[Example], opts: TrainOptions,
               checkpoint: str | Path, batch_size: int = 4, temperature: float = 1.0,
-              alpha: float = 1.0):
+              alpha: float = 1.0, prompt_kl: bool = True):
     """KL to the teacher's logits (``alpha`` < 1 adds cross-entropy on its tokens) through
     the rounded weights; only the decoder's int4 linears train."""
     teacher.eval().requires_grad_(False)
@@ -108,8 +108,16 @@ def train_qad(teacher, student, examples: list[Example], opts: TrainOptions,
         with torch.no_grad():
             teacher_logits = teacher.proj_out(decoder_hidden(teacher, encoded, inputs))
         logits = student.proj_out(decoder_hidden(student, encoded, inputs))
+        # KL at every fed position, the prompt's included: the logits after start-of-
+        # transcript give Whisper's no-speech probability, which decides whether a window is
+        # silence (trained on the targets alone, the student emptied a noisy window).
+        fed = torch.zeros_like(labels, dtype=torch.bool)
+        for row, i in enumerate(index.tolist()):
+            fed[row, : len(examples[i].prompt) + len(examples[i].target) - 1] = True
+        if prompt_kl:  # the prompt's positions predict its next token
+            labels = torch.where(fed & (labels == -100), inputs.roll(-1, 1), labels)
         loss = kd_loss(logits, teacher_logits, labels, temperature, alpha)
-        mask = labels != -100
+        mask = labels != -100  # agreement over what the loss saw
         agree = (logits[mask].argmax(-1) == teacher_logits[mask].argmax(-1)).float().mean()
         return loss, {"agree": round(agree.item(), 4)}
 
@@ -126,6 +134,7 @@ class QadRecipe:
     lr: float = 1e-5
     temperature: float = 1.0
     alpha: float = 1.0  # KL to the full-precision decoder only
+    prompt_kl: bool = True  # KL on the prompt's positions too (the no-speech probability)
 
 
 def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
@@ -156,7 +165,8 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, weight_decay=0.0,
                             warmup=max(1, recipe.steps // 10), checkpoint_every=10)
         student = train_qad(teacher, student, examples, opts, workdir / f"{name}-{run}.ckpt",
-                            recipe.batch_size, recipe.temperature, recipe.alpha)
+                            recipe.batch_size, recipe.temperature, recipe.alpha,
+                            recipe.prompt_kl)
     snap_to_grids(student)
     return export_qad(student, teacher_rt.resolved.ct2_dir, Path(out or workdir / name),
                       {"precision": recipe.precision, "teacher": model,
