@@ -9,12 +9,12 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from ctranslate2.converters.transformers import WhisperLoader
 
 from audiofast.asr.vocab_diet import VOCAB_MAP_FILE, DietVocab
+from audiofast.atomic import staged_directory
 
 
 def diet_token_strings(tokenizer_json: Path, vocab: DietVocab, timestamp_begin: int) -> list[str]:
@@ -54,9 +54,7 @@ def export_diet_whisper(student, vocab: DietVocab, source_dir: str | Path, out_d
     half-written export never replaces a finished one."""
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     tokenizer_json = source_dir / "tokenizer.json"
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         student.save_pretrained(staging / "hf")
         tokens = diet_token_strings(tokenizer_json, vocab, timestamp_begin)
         whisper_spec(student, tokens, quantization).save(str(staging))
@@ -71,9 +69,4 @@ def export_diet_whisper(student, vocab: DietVocab, source_dir: str | Path, out_d
                 if key in original:
                     config[key] = vocab.map_kept(original[key])
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir

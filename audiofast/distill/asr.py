@@ -16,8 +16,6 @@ Stages (``audiofast distill --stage ...``):
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from audiofast.asr.vocab_diet import (
     whisper_always_kept,
 )
 from audiofast.asr.vocab_diet_export import export_diet_whisper
+from audiofast.atomic import staged_directory
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.datasets import domain_corpus
 from audiofast.eval.tts import synthesize
@@ -264,12 +263,8 @@ def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
     draft = train_drafter(teacher, draft, examples, opts, workdir / f"{name}.ckpt",
                           recipe.batch_size)
     out = Path(out or workdir / name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    draft.save_pretrained(staging)  # then renamed: a kill never leaves half a model at out
-    save_head_ids(staging, domain_tokens(teacher_rt, sentences, recipe.head_keep,
-                                         draft.config.vocab_size))
-    if out.exists():
-        shutil.rmtree(out)
-    staging.rename(out)
+    with staged_directory(out) as staging:  # a kill never leaves half a model at out
+        draft.save_pretrained(staging)
+        save_head_ids(staging, domain_tokens(teacher_rt, sentences, recipe.head_keep,
+                                             draft.config.vocab_size))
     return out

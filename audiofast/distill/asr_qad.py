@@ -17,7 +17,6 @@ import copy
 import hashlib
 import json
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.engine import MODEL_SETTINGS, weight_bits
 from audiofast.asr.int4_pack import GROUP, QMAX, QMIN, dequantize_int4, quantize_int4
 from audiofast.asr.vocab_diet import kd_loss
+from audiofast.atomic import staged_directory
 from audiofast.distill.asr import (
     Example,
     _batch,
@@ -183,17 +183,10 @@ def export_qad(student, source_dir: Path, out_dir: Path, settings: dict) -> Path
         tokens = json.loads((source_dir / "vocabulary.json").read_text(encoding="utf-8"))
     else:
         tokens = (source_dir / "vocabulary.txt").read_text(encoding="utf-8").splitlines()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_directory(out_dir) as staging:
         whisper_spec(student, tokens, "float32").save(str(staging))
         for file in ("tokenizer.json", "config.json"):
             if (source_dir / file).is_file():
                 shutil.copy(source_dir / file, staging / file)
         (staging / MODEL_SETTINGS).write_text(json.dumps(settings, indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
