@@ -169,13 +169,13 @@ def test_dead_scheduler_fails_sessions_and_health(live):
 
 
 class _SlowDetector:
-    """VAD that takes 0.5 s per call in its worker thread and hears no speech."""
+    """VAD that takes 1 s per call in its worker thread and hears no speech."""
 
     def __init__(self, options: Any = None):
         pass
 
     def feed(self, audio: np.ndarray) -> list:
-        time.sleep(0.5)
+        time.sleep(1.0)
         return []
 
     def flush(self) -> list:
@@ -206,4 +206,6 @@ def test_slow_vad_does_not_stall_the_event_loop(live, monkeypatch):
             worst = max(worst, time.monotonic() - t)
             time.sleep(0.02)
     assert [e["type"] for e in result[0]] == ["ready", "closed"]
-    assert worst < 0.25, f"/health took {worst:.2f} s while VAD ran"
+    # A stall holds /health for up to a whole VAD call (1 s; polled every 20 ms, the worst
+    # poll sees nearly all of it); a busy 2-core machine took 0.39 s without one.
+    assert worst < 0.5, f"/health took {worst:.2f} s while VAD ran"

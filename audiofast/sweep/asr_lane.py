@@ -187,7 +187,7 @@ def default_config(settings: dict) -> dict:
         TranscribeOptions(beam_size=args.beam_size, batch_size=args.batch_size),
         args.compute_type, args.precision, args.drafter)
     return dataclasses.asdict(ASRConfig(
-        settings["model"], engine, args.window_pad, args.precision, args.compute_type,
+        settings["model"], engine, args.window_pad, args.precision or "int8", args.compute_type,
         args.drafter, None, None, None, args.encoder, args.beam_size, args.threads))
 
 
