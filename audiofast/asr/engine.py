@@ -90,17 +90,17 @@ class WhisperDecoderEngine:
             from audiofast.asr.decoder_weights import DecoderWeights
 
             model = DecoderWeights.from_hf(model)
-        if weight_bits(precision) is not None:
+        bits = weight_bits(precision)
+        if bits is not None:
             from audiofast.asr.fused_decoder import RESCORE_TOP, pack_decoder
 
-            tensors = (model if isinstance(model, dict)
-                       else pack_decoder(model, head_ids, weight_bits(precision)))
+            tensors = model if isinstance(model, dict) else pack_decoder(model, head_ids, bits)
             kv_bits = 8 if precision.endswith(KV8) else 16
             self.backend = fused_backend(tensors, kv_bits)
             # Which arithmetic runs: the judge's transcript cache keys on it.
-            weights = precision.removesuffix(KV8)
-            self.numerics = (f"{weights}-fused-a8-per-row-rescore{RESCORE_TOP}-kv{kv_bits}-"
-                             "kvproj8-avx2" + ("-g64" if "4" in weights else ""))
+            self.numerics = (f"{precision.removesuffix(KV8)}-fused-a8-per-row-rescore"
+                             f"{RESCORE_TOP}-kv{kv_bits}-kvproj8-avx2"
+                             + ("-g64" if 4 in bits else ""))
         else:
             from audiofast.asr.reference_decoder import ReferenceBackend
 

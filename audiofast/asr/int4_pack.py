@@ -4,8 +4,8 @@ group of inputs, packed (kernels/int4_linear.cpp; layout in kernels/quant_linear
 Half of int8's bytes per weight, for a decoder step that is memory-bound. A group scale (64
 inputs by default) instead of int8's one per output row keeps an outlier weight from costing
 its whole row its resolution. Each group's scale is searched (the clipping ratio with the
-least squared error), and QAD trains through the same quantizer (:func:`fake_quantize`), so
-what is trained is what is packed.
+least squared error); QAD trains through the rounding onto those scales
+(:func:`fake_quantize`), so what is trained is what is packed.
 """
 
 from __future__ import annotations
@@ -58,11 +58,15 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float().repeat_interleave(group, dim=1)
 
 
-def fake_quantize(weight: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    """``weight`` rounded to its int4 grid in the forward pass, gradients straight through
-    (STE): quantization-aware distillation trains the weights the packer will round."""
-    q, scale = quantize_int4(weight, group)
-    return weight + (dequantize_int4(q, scale).to(weight.dtype) - weight).detach()
+def fake_quantize(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) rounded onto the int4 grid of ``scale`` (out, in / group, from
+    :func:`quantize_int4`) in the forward pass, gradients straight through (STE):
+    quantization-aware distillation trains the weights the packer will round."""
+    out, width = weight.shape
+    scale = scale.float()
+    grouped = weight.reshape(out, scale.shape[1], -1)
+    snapped = (_round(grouped, scale) * scale[..., None]).reshape(out, width)
+    return weight + (snapped.to(weight.dtype) - weight).detach()
 
 
 def pack_int4_weight(q: torch.Tensor) -> torch.Tensor:

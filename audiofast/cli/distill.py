@@ -64,8 +64,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         return _run_distill_sa3(args)
     from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
 
-    given = {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
-                               ("train_sentences", args.sentences)) if v is not None}
+    given = _asr_recipe_overrides(args)
     workdir = args.workdir or Path("runs/distill")
     if args.stage == "vocab":
         recipe = VocabDietRecipe(keep=args.keep, **given)
@@ -77,14 +76,18 @@ def _run_distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _asr_recipe_overrides(args: argparse.Namespace) -> dict:
+    """The recipe fields the command line set; the rest keep the stage's recipe defaults."""
+    return {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
+                              ("train_sentences", args.sentences)) if v is not None}
+
+
 def _run_qad_asr(args: argparse.Namespace) -> int:
     from audiofast.distill.asr_qad import QadRecipe, distill_qad
     from audiofast.eval.gate import gate_asr, load_config
 
-    given = {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
-                               ("train_sentences", args.sentences)) if v is not None}
     precision = "int4" if args.head_bits == 4 else "int4-head8"
-    recipe = QadRecipe(precision=precision, **given)
+    recipe = QadRecipe(precision=precision, **_asr_recipe_overrides(args))
     model = args.model or "whisper-base"
     out = distill_qad(model, recipe, args.workdir or Path("runs/distill"), args.out, args.threads)
     print(out)

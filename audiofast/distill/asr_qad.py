@@ -26,7 +26,7 @@ from torch.nn.utils import parametrize
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.engine import MODEL_SETTINGS, weight_bits
-from audiofast.asr.int4_pack import GROUP, QMAX, QMIN, dequantize_int4, quantize_int4
+from audiofast.asr.int4_pack import GROUP, dequantize_int4, fake_quantize, quantize_int4
 from audiofast.asr.vocab_diet import kd_loss
 from audiofast.atomic import staged_directory
 from audiofast.distill.asr import (
@@ -55,11 +55,10 @@ class Int4Grid(nn.Module):
     def __init__(self, weight: torch.Tensor, group: int = GROUP):
         super().__init__()
         _, scale = quantize_int4(weight, group)
-        self.register_buffer("scale", scale.float().repeat_interleave(group, dim=1))
+        self.register_buffer("scale", scale.float())  # (out, in / group)
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        snapped = torch.round(weight / self.scale).clamp(QMIN, QMAX) * self.scale
-        return weight + (snapped - weight).detach()
+        return fake_quantize(weight, self.scale)
 
 
 def int4_linears(model) -> list[nn.Linear]:
