@@ -44,16 +44,6 @@ BUCKET_S = 2  # encoder windows come in steps of this many seconds
 
 
 @dataclass
-class DecodeRequest:
-    audio: np.ndarray  # 16 kHz mono float32: the utterance buffer from its start
-    context: list[int]  # text tokens of earlier utterances, for <|startofprev|>
-    language: str | None = "en"
-    task: str = "transcribe"
-    prefix: list[int] = field(default_factory=list)  # complete committed segments, forced
-    draft: list[int] = field(default_factory=list)  # the last hypothesis after the prefix
-
-
-@dataclass
 class Hypothesis:
     tokens: list[int]  # prefix + new tokens, timestamps relative to the buffer start, no EOT
     no_speech_prob: float
@@ -63,6 +53,19 @@ class Hypothesis:
     # end of the last, and each text token's probability, from cross-attention alignment.
     text_times: list[float] | None = None
     text_probs: list[float] | None = None
+
+
+@dataclass
+class DecodeRequest:
+    audio: np.ndarray  # 16 kHz mono float32: the utterance buffer from its start
+    context: list[int]  # text tokens of earlier utterances, for <|startofprev|>
+    language: str | None = "en"
+    task: str = "transcribe"
+    prefix: list[int] = field(default_factory=list)  # complete committed segments, forced
+    draft: list[int] = field(default_factory=list)  # the last hypothesis after the prefix
+    # Decoded already (the session's closing decode, done when the silence began): returned
+    # as it is.
+    ready: Hypothesis | None = None
 
 
 class StreamDecoder:
@@ -98,16 +101,18 @@ class StreamDecoder:
     def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:
         """Requests are batched within window buckets only, so what a session hears never
         depends on which other sessions happen to be decoded with it."""
+        hyps: list[Hypothesis] = [r.ready for r in requests]  # type: ignore[misc]
         buckets: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
-            buckets.setdefault(self.window_frames(request), []).append(i)
-        hyps: list[Hypothesis] = [None] * len(requests)  # type: ignore[list-item]
+            if request.ready is None:
+                buckets.setdefault(self.window_frames(request), []).append(i)
         for frames, members in buckets.items():
             for i, hyp in zip(members, self._decode([requests[i] for i in members], frames),
                               strict=True):
                 hyps[i] = hyp
         for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
-            if self.window_frames(request) < N_FRAMES and self._looks_looped(request, hyp):
+            if request.ready is None and self.window_frames(request) < N_FRAMES \
+                    and self._looks_looped(request, hyp):
                 # Whisper's own fallback also drops the prompt: loops often copy it.
                 retry = DecodeRequest(request.audio, [], request.language, request.task,
                                       request.prefix)

@@ -9,7 +9,10 @@ Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode reque
   of later decodes, the rest is the ``partial``.
 - Past ``trim_after_s`` the buffer is cut at the end of a committed Whisper segment, so the
   work per update stays bounded; ``max_utterance_s`` force-commits if no cut point appears.
-- When VAD hears the utterance end, one last decode commits everything left.
+- When VAD hears the utterance end, one last decode commits everything left. That decode
+  starts early: as soon as the silence that may end the utterance begins (plus the post-roll),
+  the buffer it would close on is decoded; if VAD then confirms the end at that sample, the
+  hypothesis is already there, so the final costs the confirmation wait, not wait + decode.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class StreamOptions:
     no_speech_threshold: float = 0.6
     logprob_threshold: float = -1.0
     context_tokens: int = 64  # earlier text passed as the <|startofprev|> prompt
+    early_close: bool = True  # decode the closing buffer when the silence begins
 
 
 @dataclass
@@ -63,6 +67,9 @@ class Utterance:
     previous: list[int] = field(default_factory=list)  # the last hypothesis after that
     decoded_to: int = 0  # stream sample where the last decoded buffer ended
     committed_end: float = 0.0  # seconds from the buffer start where the committed text ends
+    # The closing decode done ahead (stream sample it closes on, its hypothesis); valid while
+    # nothing else was applied to the utterance since.
+    early: tuple[int, Hypothesis] | None = None
 
 
 class StreamSession:
@@ -78,7 +85,8 @@ class StreamSession:
         self.context: list[int] = []
         self.ending = False
         self._count = 0
-        self._in_flight: tuple[Utterance, int, bool] | None = None
+        # (utterance, end sample, closes the utterance, decoded ahead of its end)
+        self._in_flight: tuple[Utterance, int, bool, bool] | None = None
         self._last_partial = ""
 
     # -- input -------------------------------------------------------------------------
@@ -140,23 +148,43 @@ class StreamSession:
         utt = self.utterances[0]
         closed = utt.end is not None and (utt.end <= self.received or self.ending)
         end = min(utt.end, self.received) if closed else self.received
-        new_audio = end - max(utt.decoded_to, utt.start)
-        if not closed and new_audio < self.options.min_chunk_s * SAMPLE_RATE:
+        early = not closed and self._early_end(utt)
+        if early:
+            end = early
+        elif not closed and end - max(utt.decoded_to, utt.start) < \
+                self.options.min_chunk_s * SAMPLE_RATE:
             return None
-        self._in_flight = (utt, end, closed)
+        self._in_flight = (utt, end, closed, bool(early))
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
         # What the last decode said after the prefix: the draft the new decode verifies.
         draft = utt.committed[len(prefix):] + utt.previous
+        ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
-                             self.options.language, self.options.task, prefix, draft)
+                             self.options.language, self.options.task, prefix, draft, ready)
+
+    def _early_end(self, utt: Utterance) -> int | None:
+        """The sample the utterance closes on if the silence VAD is hearing lasts, once its
+        post-roll has arrived and if not decoded ahead already (None: nothing to do ahead)."""
+        silence = self.detector.pending_end if self.options.early_close else None
+        if silence is None or self.utterances[-1] is not utt:
+            return None
+        end = silence + int(self.options.post_roll_s * SAMPLE_RATE)
+        if end > self.received or end <= max(utt.decoded_to, utt.start) \
+                or (utt.early and utt.early[0] == end):
+            return None
+        return end
 
     def apply(self, hyp: Hypothesis) -> list[dict]:
         """Take the hypothesis for the request :meth:`next_request` gave; return events."""
         assert self._in_flight is not None, "apply() without a request"
-        utt, end, closed = self._in_flight
+        utt, end, closed, early = self._in_flight
         self._in_flight = None
+        if early:  # kept for the close; later audio is decoded from here on
+            utt.early, utt.decoded_to = (end, hyp), end
+            return []
+        utt.early = None
         opts, tok = self.options, self.tokenizer
         tokens = hyp.tokens
         silent = hyp.no_speech_prob > opts.no_speech_threshold

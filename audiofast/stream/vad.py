@@ -1,21 +1,22 @@
 """Utterance boundaries from silero VAD (the model ships inside the ``silero-vad`` wheel).
 
-The silero network is stateful (an LSTM-like state carried across 32 ms chunks), so each
-stream owns one instance; the detector adds hysteresis and a minimum silence so a breath
-between words does not end an utterance.
+The silero network is stateful (a recurrent state carried across 32 ms chunks), so each
+stream owns its state (silero_onnx.py: one onnxruntime graph for all streams, no torch); the
+detector adds hysteresis and a minimum silence so a breath between words does not end an
+utterance.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import torch
+from collections.abc import Callable
 
-from audiofast.asr.vad_filter import load_silero
+import numpy as np
+
+from audiofast.stream.silero_onnx import CHUNK, SileroStream
 
 SAMPLE_RATE = 16000
-CHUNK = 512  # samples silero takes at 16 kHz (32 ms)
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,12 @@ class VadEvent:
 class SpeechDetector:
     """Feed 16 kHz audio of any length; get ``start``/``end`` events at chunk resolution."""
 
-    def __init__(self, options: VadOptions = VadOptions(), model: torch.nn.Module | None = None):
+    def __init__(self, options: VadOptions = VadOptions(),
+                 model: Callable[[np.ndarray], float] | None = None):
+        """``model``: speech probability of one 512-sample chunk, stateful (default: silero
+        on onnxruntime)."""
         self.options = options
-        self.model = model if model is not None else load_silero()
+        self.model = model if model is not None else SileroStream()
         self._pending = np.zeros(0, dtype=np.float32)
         self.position = 0  # samples consumed by the network
         self.in_speech = False
@@ -51,13 +55,20 @@ class SpeechDetector:
         events: list[VadEvent] = []
         if not usable:
             return events
-        chunks = torch.from_numpy(audio[:usable].copy()).view(-1, CHUNK)
-        with torch.inference_mode():
-            probs = [float(self.model(chunk, SAMPLE_RATE)) for chunk in chunks]
-        for prob in probs:
-            events.extend(self._step(prob))
+        for chunk in audio[:usable].reshape(-1, CHUNK):
+            events.extend(self._step(self.model(chunk)))
             self.position += CHUNK
         return events
+
+    @property
+    def pending_end(self) -> int | None:
+        """Where the current utterance ends if the silence heard since then lasts: the
+        sample an ``end`` event would carry, before ``min_silence_s`` confirms it."""
+        if not self.in_speech or self._silence_start is None:
+            return None
+        if self._silence_start - self._speech_start < self.options.min_speech_s * SAMPLE_RATE:
+            return None  # it would end as a blip, not an utterance
+        return self._silence_start
 
     def flush(self) -> list[VadEvent]:
         """End of stream: close an open utterance."""
