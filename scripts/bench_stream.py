@@ -15,10 +15,12 @@ turn) at real-time pace over loopback. Reported per N:
 
 Each ``--engines`` entry is a server of its own (``audiofast serve --engine E [--pad S]``,
 spelled ``E`` or ``E+padS``), run side by side in one invocation: ``ct2`` is the old engine
-(CTranslate2's generate), ``auto`` the fused int8 decoder with drafts.
+(CTranslate2's generate), ``auto`` the fused int8 decoder with drafts. ``--baseline DIR``
+also runs each engine from another checkout of audiofast (a ``git worktree`` of an older
+commit), labelled ``before/E``, right before this tree's: old and new in one run.
 
     python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8 \
-        --engines ct2 auto
+        --engines ct2 auto --baseline /tmp/old
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -65,13 +68,17 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
     return fields
 
 
-def start_server(model: str, port: int, threads: int, engine: str) -> subprocess.Popen:
-    """``engine``: ENGINE[+padSECONDS] (serve's --engine and --pad)."""
+def start_server(model: str, port: int, threads: int, engine: str,
+                 tree: Path | None = None) -> subprocess.Popen:
+    """``engine``: ENGINE[+padSECONDS] (serve's --engine and --pad); ``tree``: run the
+    audiofast of that checkout instead of this one."""
     name, *pad = engine.split("+pad")
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
            str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", name,
            *(["--pad", pad[0]] if pad else [])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
@@ -105,6 +112,7 @@ async def run_clients(url: str, clips: list, n: int) -> list[dict]:
             "errors": len(result.errors),
             "text": result.text,
             "wer": wer(clip["reference"], result.text),
+            "final_words": len(" ".join(e["text"] for _, e in finals).split()),
         })
     return rows
 
@@ -123,6 +131,7 @@ def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
     decode_s = stats["encoder_s"] + stats["decoder_s"]
     return {
         "model": model, "engine": engine.replace("auto", served["engine"]), "clients": n,
+        "loop_retries": stats.get("full_window"),
         "first_partial_p50": percentile(first, 50), "first_partial_p95": percentile(first, 95),
         "commit_p50": percentile(commits, 50), "commit_p95": percentile(commits, 95),
         "utt_final_p50": percentile(utt, 50), "utt_final_p95": percentile(utt, 95),
@@ -135,6 +144,9 @@ def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
         "tokens_per_call": stats["tokens"] / max(1, stats["decoder_calls"]),
         "decoder_ms_per_token": 1000 * stats["decoder_s"] / max(1, stats["tokens"]),
         "encoder_share": stats["encoder_s"] / decode_s if decode_s else float("nan"),
+        # all decode work (encoder, decoder, alignment) per word the clients got as final
+        "decode_ms_per_word": 1000 * (decode_s + stats.get("align_s", 0.0))
+        / max(1, sum(r["final_words"] for r in rows)),
         "decoder_stats": stats,
         "errors": sum(r["errors"] for r in rows),
         "rss_peak_mb": memory.get("VmHWM"), "rows": rows,
@@ -173,6 +185,8 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["ct2", "auto"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT / "bench_stream.json")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                        help="also run each engine from this audiofast checkout (before/E)")
     args = parser.parse_args()
     clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
              for c in real_speech_clips()]
@@ -186,9 +200,13 @@ def main() -> None:
                    for c in clips}
         del runtime
         for n in args.clients:
-            for engine in args.engines:  # side by side at each N: drift hits both alike
+            runs = [(f"before/{e}", e, args.baseline) for e in args.engines] \
+                if args.baseline else []
+            runs = [r for e in args.engines for r in [*(x for x in runs if x[1] == e),
+                                                      (e, e, None)]]
+            for label, engine, tree in runs:  # side by side at each N: drift hits all alike
                 port = free_port()
-                server = start_server(model, port, args.threads, engine)
+                server = start_server(model, port, args.threads, engine, tree)
                 try:
                     rows = asyncio.run(run_clients(f"ws://127.0.0.1:{port}/asr", clips, n))
                     memory = proc_memory_mb(server.pid)
@@ -196,7 +214,7 @@ def main() -> None:
                 finally:
                     server.terminate()
                     server.wait(30)
-                summary = summarize(model, engine, n, rows, memory, offline, served)
+                summary = summarize(model, label, n, rows, memory, offline, served)
                 results.append(summary)
                 print(f"{model} {summary['engine']} N={n}: first partial p50 "
                       f"{summary['first_partial_p50']:.2f} s, utterance final p95 "
@@ -204,15 +222,17 @@ def main() -> None:
                       f"{summary['end_lag_max']:.1f} s", flush=True)
     header = ("| model | engine | N | first partial p50/p95 s | commit p50/p95 s | utterance "
               "final p50/p95 s | end lag max s | real time | WER stream / offline (worst "
-              "clip gap) | tokens/call | decoder ms/token | encoder share | RSS peak MB |")
-    print("\n" + header + "\n|" + "---|" * 13)
+              "clip gap) | tokens/call | decoder ms/token | decode ms/final word | encoder "
+              "share | RSS peak MB |")
+    print("\n" + header + "\n|" + "---|" * 14)
     for r in results:
         print(f"| {r['model']} | {r['engine']} | {r['clients']} | {r['first_partial_p50']:.2f} / "
               f"{r['first_partial_p95']:.2f} | {r['commit_p50']:.2f} / {r['commit_p95']:.2f} | "
               f"{r['utt_final_p50']:.2f} / {r['utt_final_p95']:.2f} | {r['end_lag_max']:.1f} | "
               f"{'yes' if r['realtime_held'] else 'no'} | {r['wer']:.3f} / "
               f"{r['offline_wer']:.3f} ({r['wer_gap_max']:+.3f}) | {r['tokens_per_call']:.2f} | "
-              f"{r['decoder_ms_per_token']:.1f} | {r['encoder_share']:.0%} | "
+              f"{r['decoder_ms_per_token']:.1f} | {r['decode_ms_per_word']:.0f} | "
+              f"{r['encoder_share']:.0%} | "
               f"{r['rss_peak_mb']:.0f} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"cpu_count": __import__("os").cpu_count(), "threads": args.threads}

@@ -13,28 +13,15 @@ from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer
 from audiofast.stream.decoder import DecodeRequest, StreamDecoder
-from audiofast.stream.session import StreamSession
+from audiofast.stream.replay import replay
+from audiofast.stream.session import StreamOptions
 
 
-def run_session(decoder: StreamDecoder, audio: np.ndarray) -> tuple[list[dict], list[list[int]]]:
-    """Feed ``audio`` in 0.1 s frames, decoding whatever the session asks for as it asks:
-    its final events and every hypothesis decoded."""
-    session = StreamSession(decoder.tokenizer)
-    finals, hyps = [], []
-
-    def decode_due() -> None:
-        while (request := session.next_request()) is not None:
-            hyp = decoder.decode([request])[0]
-            hyps.append(hyp.tokens)
-            finals.extend(e for e in session.apply(hyp) if e["type"] == "final")
-
-    for start in range(0, len(audio), 1600):
-        session.feed(audio[start:start + 1600])
-        decode_due()
-    session.end_of_audio()
-    decode_due()
-    assert session.finished
-    return finals, hyps
+def run_session(decoder: StreamDecoder, audio: np.ndarray, **options
+                ) -> tuple[list[dict], list[list[int]]]:
+    """A session's final events and every hypothesis it decoded, replayed on ``audio``."""
+    result = replay(decoder, audio, StreamOptions(**options))
+    return result.finals, result.hypotheses
 
 
 @pytest.mark.parametrize("engine", ["ct2", "fast"])

@@ -76,7 +76,7 @@ class StreamDecoder:
     kernels are built). ``draft``: verify the previous hypothesis as a draft (fast only)."""
 
     def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
-                 word_timing: bool = True):
+                 word_timing: bool = True, loop_retry: str = "prompt"):
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
             runtime = runtime.runtime_for(TranscribeOptions())
         self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
@@ -87,11 +87,15 @@ class StreamDecoder:
         self.pad_s = pad_s
         self.draft = draft and self.fast is not None
         self.word_timing = word_timing
+        if loop_retry not in ("prompt", "full"):
+            raise ValueError(f"loop_retry is 'prompt' or 'full', not {loop_retry!r}")
+        self.loop_retry = loop_retry
         self.suppress = self.tokenizer.suppressed_tokens((-1,), self.ct2.default_suppress_ids)
         # Where decode time goes, and (owned decoder) tokens per decoder call: the drafts'
         # effect. CTranslate2's generate makes one call per step: its calls are its tokens.
         self.stats = {"encoder_s": 0.0, "decoder_s": 0.0, "align_s": 0.0, "windows": 0,
-                      "tokens": 0, "decoder_calls": 0, "drafted": 0, "accepted": 0}
+                      "tokens": 0, "decoder_calls": 0, "drafted": 0, "accepted": 0,
+                      "prompt_retry": 0, "full_window": 0}
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
@@ -111,14 +115,27 @@ class StreamDecoder:
                               strict=True):
                 hyps[i] = hyp
         for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
-            if request.ready is None and self.window_frames(request) < N_FRAMES \
-                    and self._looks_looped(request, hyp):
-                # Whisper's own fallback also drops the prompt: loops often copy it.
-                retry = DecodeRequest(request.audio, [], request.language, request.task,
-                                      request.prefix)
-                hyps[i] = self._decode([retry], N_FRAMES)[0]
-                hyps[i].full_window = True
+            if request.ready is None and self.window_frames(request) < N_FRAMES:
+                hyps[i] = self._unloop(request, hyp)
         return hyps
+
+    def _unloop(self, request: DecodeRequest, hyp: Hypothesis) -> Hypothesis:
+        """A hypothesis that repeats itself is decoded again without the prompt (loops on
+        short buffers mostly copy the earlier text it holds), first on the same window
+        (``loop_retry="prompt"``), then at 30 s, as Whisper's own fallback does."""
+        if not self._looks_looped(request, hyp):
+            return hyp
+        retry = DecodeRequest(request.audio, [], request.language, request.task,
+                              request.prefix)
+        if self.loop_retry == "prompt" and request.context:
+            hyp = self._decode([retry], self.window_frames(request))[0]
+            self.stats["prompt_retry"] += 1
+            if not self._looks_looped(request, hyp):
+                return hyp
+        hyp = self._decode([retry], N_FRAMES)[0]
+        hyp.full_window = True
+        self.stats["full_window"] += 1
+        return hyp
 
     def _looks_looped(self, request: DecodeRequest, hyp: Hypothesis) -> bool:
         limit = MAX_TOKENS_PER_SECOND * len(request.audio) / SAMPLE_RATE + 10

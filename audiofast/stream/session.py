@@ -46,6 +46,9 @@ class StreamOptions:
     language: str | None = "en"
     task: str = "transcribe"
     min_chunk_s: float = 0.5  # new audio that triggers a re-decode
+    # ... until the utterance has produced text: short buffers are cheap to decode, and the
+    # first words are what a user waits for.
+    first_chunk_s: float = 0.25
     commit_margin_s: float = 0.5  # never commit words this close to the buffer end
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
@@ -62,6 +65,7 @@ class StreamOptions:
 class Utterance:
     index: int
     start: int  # stream sample of the buffer's first sample (moves when trimmed)
+    onset: int  # stream sample where VAD heard speech begin
     end: int | None = None  # set when VAD hears the utterance end
     committed: list[int] = field(default_factory=list)  # hypothesis prefix already emitted
     previous: list[int] = field(default_factory=list)  # the last hypothesis after that
@@ -124,7 +128,7 @@ class StreamSession:
             start = max(event.sample - int(self.options.pre_roll_s * SAMPLE_RATE),
                         floor or 0, self.audio_start)
             self._count += 1
-            self.utterances.append(Utterance(self._count, start))
+            self.utterances.append(Utterance(self._count, start, event.sample))
         elif self.utterances and self.utterances[-1].end is None:
             end = event.sample + int(self.options.post_roll_s * SAMPLE_RATE)
             self.utterances[-1].end = min(end, self.received) if not self.ending else end
@@ -151,9 +155,11 @@ class StreamSession:
         early = not closed and self._early_end(utt)
         if early:
             end = early
-        elif not closed and end - max(utt.decoded_to, utt.start) < \
-                self.options.min_chunk_s * SAMPLE_RATE:
-            return None
+        elif not closed:
+            heard = utt.committed or utt.previous
+            chunk = self.options.min_chunk_s if heard else self.options.first_chunk_s
+            if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE:
+                return None
         self._in_flight = (utt, end, closed, bool(early))
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []

@@ -8,9 +8,8 @@ utterance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 

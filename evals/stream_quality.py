@@ -1,0 +1,183 @@
+"""Which live settings stream as well as offline transcription, and at what decode cost?
+
+    python evals/stream_quality.py --model whisper-base \
+        --configs pad=10 pad=10,early=0 pad=6 --dialogues 4 \
+        --out evals/benchmarks/2026-12-02-epyc-avx512-stream-quality
+
+Each configuration replays every recording through the live policy (stream/replay.py: no
+network, no clock, every due decode run at once) and reports, per clip, the WER of the
+session's finals beside the offline transcript's (the same model, default options), and the
+decode work per second of audio (encoder, decoder and alignment seconds) with the number of
+windows and 30 s loop retries. Clips: the four real recordings, plus ``--dialogues`` TTS
+"dialogues" built from held-out domain sentences: short lines in alternating voices (flite,
+espeak-ng, piper) with 0.6-1.4 s pauses, the short-utterance case.
+
+Word timing: on clips of at most 30 s, the reference text is force-aligned to the whole clip
+(CTranslate2's ``align`` on one 30 s window, the same DTW as ``--word-timestamps``); each
+streamed final word matched to a reference word (same normalised spelling, in order) counts
+as on time when its start and its end are both within 0.2 s of the aligned word's.
+
+A configuration is comma-separated ``key=value``: ``pad`` (seconds of silence appended to a
+buffer), ``retry`` (on a loop: ``full`` re-decodes at 30 s without the prompt; ``prompt``
+first at the same window without the prompt), and the StreamOptions ``chunk``
+(min_chunk_s), ``first`` (first_chunk_s), ``trim`` (trim_after_s), ``early`` (early_close,
+0/1), ``context`` (context_tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import platform
+import random
+from pathlib import Path
+
+import numpy as np
+
+from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
+from audiofast.asr.runtime import load_model
+from audiofast.asr.word_timing import trim_pauses, words_from_alignment
+from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.datasets import domain_corpus, real_speech_clips
+from audiofast.eval.tts import synthesize
+from audiofast.eval.wer import wer
+from audiofast.stream.decoder import StreamDecoder
+from audiofast.stream.replay import replay
+from audiofast.stream.session import StreamOptions
+
+VOICES = ("flite:slt", "espeak-ng:en-us", "piper:joe", "flite:kal")
+OPTION_KEYS = {"chunk": ("min_chunk_s", float), "first": ("first_chunk_s", float),
+               "trim": ("trim_after_s", float),
+               "early": ("early_close", lambda v: v not in ("0", "false")),
+               "context": ("context_tokens", int)}
+
+
+def parse_config(spec: str) -> tuple[dict, dict]:
+    """``pad=6,chunk=0.5`` -> (StreamDecoder kwargs, StreamOptions kwargs)."""
+    decoder, options = {"pad_s": 10.0}, {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key == "pad":
+            decoder["pad_s"] = float(value)
+        elif key == "retry":
+            decoder["loop_retry"] = value
+        elif key in OPTION_KEYS:
+            name, cast = OPTION_KEYS[key]
+            options[name] = cast(value)
+        else:
+            raise SystemExit(f"unknown setting {key!r} in {spec!r}")
+    return decoder, options
+
+
+def dialogues(count: int, lines: int = 8, seed: int = 0) -> list[dict]:
+    """Short held-out sentences (4-9 words) in turns of two voices, with pauses between."""
+    rng = random.Random(seed)
+    short = [s for s in domain_corpus()[-2000:] if 4 <= len(s.split()) <= 9]
+    clips = []
+    for k in range(count):
+        voices = rng.sample(VOICES, 2)
+        texts = rng.sample(short, lines)
+        parts = [np.zeros(int(0.5 * SAMPLE_RATE), np.float32)]
+        for i, text in enumerate(texts):
+            parts.append(load_audio(synthesize(text, voices[i % 2])))
+            parts.append(np.zeros(int(rng.uniform(0.6, 1.4) * SAMPLE_RATE), np.float32))
+        clips.append({"name": f"dialogue-{k}", "audio": np.concatenate(parts),
+                      "reference": " ".join(texts)})
+    return clips
+
+
+def forced_words(ct2, audio: np.ndarray, text: str) -> list:
+    """The words of ``text`` timed on ``audio`` (<= 30 s) by forced alignment."""
+    tok = ct2.tokenizer
+    mel = pad_or_trim(log_mel_spectrogram(audio, ct2.n_mels), N_FRAMES)
+    tokens = tok.encode(" " + text.strip())
+    frames = min(N_FRAMES, len(audio) * 100 // SAMPLE_RATE)
+    alignment = ct2.align(ct2.encode(mel), tok.sot_sequence("en", "transcribe", True),
+                          [tokens], [frames])[0]
+    return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
+
+
+def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int]:
+    """(streamed words matched to a reference word, of them start and end within 0.2 s)."""
+    norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
+    streamed = [w for e in finals for w in e["words"]]
+    blocks = difflib.SequenceMatcher(None, [norm(w["w"]) for w in streamed],
+                                     [norm(w.word) for w in reference], autojunk=False)
+    pairs = [(streamed[b.a + k], reference[b.b + k]) for b in blocks.get_matching_blocks()
+             for k in range(b.size)]
+    close = sum(abs(s["start"] - r.start) <= 0.2 and abs(s["end"] - r.end) <= 0.2
+                for s, r in pairs)
+    return len(pairs), close
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="whisper-base")
+    parser.add_argument("--configs", nargs="+", default=["pad=10"])
+    parser.add_argument("--dialogues", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    args = parser.parse_args()
+    runtime = load_model(args.model, threads=args.threads)
+    clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
+             for c in real_speech_clips()] + dialogues(args.dialogues)
+    ct2 = runtime.ct2 if hasattr(runtime, "ct2") else runtime
+    ct2 = getattr(ct2, "ct2", ct2)  # auto -> fast -> its CTranslate2 model
+    for clip in clips:
+        clip["offline"] = wer(clip["reference"], runtime.transcribe(clip["audio"]).text)
+        if len(clip["audio"]) <= 30 * SAMPLE_RATE:
+            clip["aligned"] = forced_words(ct2, clip["audio"], clip["reference"])
+    results = []
+    for spec in args.configs:
+        decoder_kwargs, option_kwargs = parse_config(spec)
+        rows = []
+        for clip in clips:
+            decoder = StreamDecoder(runtime, **decoder_kwargs)
+            run = replay(decoder, clip["audio"], StreamOptions(**option_kwargs))
+            stats = decoder.stats
+            seconds = len(clip["audio"]) / SAMPLE_RATE
+            matched, on_time = timing_agreement(run.finals, clip["aligned"]) \
+                if "aligned" in clip else (0, 0)
+            rows.append({"clip": clip["name"], "wer": wer(clip["reference"], run.text),
+                         "timed_words": matched, "on_time": on_time,
+                         "offline_wer": clip["offline"],
+                         "work_per_s": (stats["encoder_s"] + stats["decoder_s"]
+                                        + stats["align_s"]) / seconds,
+                         "encoder_per_s": stats["encoder_s"] / seconds,
+                         "windows": stats["windows"], "full_window": stats["full_window"],
+                         "decodes": run.decodes, "ready": run.ready, "text": run.text})
+        gaps = [r["wer"] - r["offline_wer"] for r in rows]
+        result = {"config": spec, "rows": rows,
+                  "wer_real": float(np.mean([r["wer"] for r in rows[:4]])),
+                  "wer_dialogue": float(np.mean([r["wer"] for r in rows[4:]] or [np.nan])),
+                  "gap_max": max(gaps), "work_per_s": float(np.mean([r["work_per_s"]
+                                                                     for r in rows])),
+                  "full_window": sum(r["full_window"] for r in rows),
+                  "on_time": sum(r["on_time"] for r in rows)
+                  / max(1, sum(r["timed_words"] for r in rows))}
+        results.append(result)
+        print(f"{spec}: WER real {result['wer_real']:.3f} dialogue {result['wer_dialogue']:.3f}"
+              f" worst gap {result['gap_max']:+.3f}; work {result['work_per_s']:.2f} s per s,"
+              f" {result['full_window']} loop retries; words on time {result['on_time']:.1%}",
+              flush=True)
+    table = ["WER per clip; work = decode seconds per second of audio; on time = streamed "
+             "words within 0.2 s of the forced alignment (clips <= 30 s)", "",
+             "| config | " + " | ".join(c["name"] for c in clips)
+             + " | work s/s | 30 s retries | words on time |",
+             "|---" * (len(clips) + 4) + "|",
+             "| offline | " + " | ".join(f"{c['offline']:.3f}" for c in clips) + " | | | |"]
+    for r in results:
+        table.append(f"| {r['config']} | " + " | ".join(f"{x['wer']:.3f}" for x in r["rows"])
+                     + f" | {r['work_per_s']:.2f} | {r['full_window']} | {r['on_time']:.1%} |")
+    print("\n".join(table))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        record = {"machine": platform.processor() or platform.machine(), "model": args.model,
+                  "results": results}
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+        args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
+
+
+if __name__ == "__main__":
+    main()
