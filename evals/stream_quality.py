@@ -98,17 +98,19 @@ def forced_words(ct2, audio: np.ndarray, text: str) -> list:
     return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
 
 
-def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int]:
-    """(streamed words matched to a reference word, of them start and end within 0.2 s)."""
+def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int, int, int]:
+    """Streamed words matched to a reference word, and of them: start and end within 0.2 s,
+    start within, end within."""
     norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
     streamed = [w for e in finals for w in e["words"]]
     blocks = difflib.SequenceMatcher(None, [norm(w["w"]) for w in streamed],
                                      [norm(w.word) for w in reference], autojunk=False)
     pairs = [(streamed[b.a + k], reference[b.b + k]) for b in blocks.get_matching_blocks()
              for k in range(b.size)]
-    close = sum(abs(s["start"] - r.start) <= 0.2 and abs(s["end"] - r.end) <= 0.2
-                for s, r in pairs)
-    return len(pairs), close
+    starts = [abs(s["start"] - r.start) <= 0.2 for s, r in pairs]
+    ends = [abs(s["end"] - r.end) <= 0.2 for s, r in pairs]
+    both = sum(a and b for a, b in zip(starts, ends, strict=True))
+    return len(pairs), both, sum(starts), sum(ends)
 
 
 def main() -> None:
@@ -137,10 +139,11 @@ def main() -> None:
             run = replay(decoder, clip["audio"], StreamOptions(**option_kwargs))
             stats = decoder.stats
             seconds = len(clip["audio"]) / SAMPLE_RATE
-            matched, on_time = timing_agreement(run.finals, clip["aligned"]) \
-                if "aligned" in clip else (0, 0)
+            matched, on_time, starts, ends = timing_agreement(run.finals, clip["aligned"]) \
+                if "aligned" in clip else (0, 0, 0, 0)
             rows.append({"clip": clip["name"], "wer": wer(clip["reference"], run.text),
-                         "timed_words": matched, "on_time": on_time,
+                         "timed_words": matched, "on_time": on_time, "start_on_time": starts,
+                         "end_on_time": ends,
                          "offline_wer": clip["offline"],
                          "work_per_s": (stats["encoder_s"] + stats["decoder_s"]
                                         + stats["align_s"]) / seconds,
@@ -154,12 +157,13 @@ def main() -> None:
                   "gap_max": max(gaps), "work_per_s": float(np.mean([r["work_per_s"]
                                                                      for r in rows])),
                   "full_window": sum(r["full_window"] for r in rows),
-                  "on_time": sum(r["on_time"] for r in rows)
-                  / max(1, sum(r["timed_words"] for r in rows))}
+                  **{key: sum(r[key] for r in rows) / max(1, sum(r["timed_words"] for r in rows))
+                     for key in ("on_time", "start_on_time", "end_on_time")}}
         results.append(result)
         print(f"{spec}: WER real {result['wer_real']:.3f} dialogue {result['wer_dialogue']:.3f}"
               f" worst gap {result['gap_max']:+.3f}; work {result['work_per_s']:.2f} s per s,"
-              f" {result['full_window']} loop retries; words on time {result['on_time']:.1%}",
+              f" {result['full_window']} loop retries; words on time {result['on_time']:.1%} "
+              f"(starts {result['start_on_time']:.1%}, ends {result['end_on_time']:.1%})",
               flush=True)
     table = ["WER per clip; work = decode seconds per second of audio; on time = streamed "
              "words within 0.2 s of the forced alignment (clips <= 30 s)", "",

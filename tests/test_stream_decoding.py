@@ -4,6 +4,7 @@ and word-timed commits."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer
-from audiofast.stream.decoder import DecodeRequest, StreamDecoder
+from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions
 
@@ -170,3 +171,71 @@ def test_output_without_the_forced_prefix_is_an_error_not_patched(base):
     request = DecodeRequest(np.zeros(32000, np.float32), [], "en", "transcribe", prefix)
     with pytest.raises(RuntimeError, match="forced prefix"):
         StreamDecoder(runtime).decode([request])  # type: ignore[arg-type]
+
+
+def test_closing_decode_done_ahead_is_the_closing_decode(live, clips):
+    """Each utterance VAD closes is answered by the decode started when its silence began,
+    and that hypothesis is exactly what decoding the closing request then would give (same
+    audio, prefix and context); a pause too short to end the utterance wastes one decode
+    but its hypothesis is never used."""
+    speech = load_audio(clips["clone-test"].audio)
+    pause = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    # a 0.3 s pause (silence begins, the utterance goes on), then a 1.5 s one (it ends)
+    audio = np.concatenate([speech[:32000], pause(0.3), speech[32000:], pause(1.5), speech])
+    decoder = StreamDecoder(live, draft=False)
+    checked = []
+    decode = decoder.decode
+
+    def decode_and_check(requests):
+        for request in requests:
+            if request.ready is not None:
+                fresh = decode([dataclasses.replace(request, ready=None)])[0]
+                checked.append(fresh.tokens == request.ready.tokens)
+        return decode(requests)
+
+    decoder.decode = decode_and_check
+    run = replay(decoder, audio)
+    assert checked == [True] and run.ready == 1  # the first utterance; the second ends with
+    assert len({e["utterance"] for e in run.finals}) == 2  # the stream, not with VAD
+    ahead = replay(StreamDecoder(live, draft=False), audio, StreamOptions(early_close=False))
+    assert ahead.ready == 0
+    assert normalize(ahead.text) == normalize(run.text)
+
+
+def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
+    """A hypothesis that repeats itself (short buffers copy their prompt) is decoded again
+    without the prompt on the same window; only if that loops too at 30 s."""
+    decoder = StreamDecoder(live)
+    tok = decoder.tokenizer
+    audio = load_audio(clips["beckett"].audio)[:16000 * 2]
+    request = DecodeRequest(audio, tok.encode(" It was the best of times."), "en", "transcribe")
+    looped = Hypothesis([tok.timestamp_begin, *tok.encode(" Ever tried." * 8)], 0.01, -0.2,
+                        False)
+    hyp = decoder._unloop(request, looped)
+    assert decoder.stats["prompt_retry"] == 1 and decoder.stats["full_window"] == 0
+    assert not hyp.full_window and "tried" in tok.decode(hyp.tokens).lower()
+    assert tok.decode(hyp.tokens).lower().count("tried") == 1
+    with pytest.raises(ValueError, match="loop_retry"):
+        StreamDecoder(live, loop_retry="beam")
+
+
+def test_an_utterance_without_text_yet_is_re_decoded_sooner(base):
+    """The first decode comes ``first_chunk_s`` after the onset, and so does each next one
+    while the hypotheses hold no text; once text appears, every ``min_chunk_s``."""
+    from audiofast.stream.session import StreamSession
+    from audiofast.stream.vad import SpeechDetector
+
+    tok = base.tokenizer
+    chunks = iter(range(10**6))
+    detector = SpeechDetector(model=lambda chunk: float(next(chunks) >= 10))  # speech from
+    onset = 10 * 512  # the 11th 32 ms chunk on
+    session = StreamSession(tok, StreamOptions(first_chunk_s=0.25, min_chunk_s=0.5), detector)
+    ends, texts = [], [[], [], [tok.timestamp_begin, *tok.encode(" Hello")], []]
+    for _ in range(40):  # 4 s in 0.1 s frames
+        session.feed(np.zeros(1600, np.float32))
+        if (request := session.next_request()) is not None:
+            ends.append(session.received)
+            tokens = texts[min(len(ends), len(texts)) - 1]
+            session.apply(Hypothesis(tokens, 0.01, -0.1, False))
+    steps = np.diff([onset, *ends[:4]]) / 16000
+    assert list(steps.round(1)) == [0.3, 0.3, 0.3, 0.5], ends  # 0.25/0.5 s, 0.1 s frames

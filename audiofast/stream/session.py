@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
-from audiofast.asr.word_timing import split_words
+from audiofast.asr.types import Word
+from audiofast.asr.word_timing import split_words, trim_pauses
 from audiofast.stream.agreement import (
     agreed_length,
     aligned_spans,
@@ -278,14 +279,17 @@ class StreamSession:
         for group in split_words([tokens[i] for i in text_at], tok):
             words.append(text_at[k:k + len(group)])
             k += len(group)
-        timed = [{"w": tok.decode([tokens[i] for i in word]).strip(),
-                  "start": round(offset + spans[word[0]][0], 3),
-                  "end": round(offset + spans[word[-1]][1], 3),
-                  "p": _mean([probs[i] for i in word])} for word in words]
+        # As offline word timing does: a pause at a sentence's edge goes to no word.
+        timed = trim_pauses([Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
+                                  tok.decode([tokens[i] for i in word]),
+                                  _mean([probs[i] for i in word])) for word in words])
+        out = [{"w": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3),
+                "p": w.probability} for w in timed if w.word.strip()]
+        start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
+        if out:  # the words' bounds: a pause trimmed from the last word is not speech
+            start, end = out[0]["start"], out[-1]["end"]
         return [{"type": "final", "utterance": utt.index, "text": text,
-                 "start": round(offset + spans[text_at[0]][0], 3),
-                 "end": round(offset + spans[text_at[-1]][1], 3),
-                 "words": [w for w in timed if w["w"]]}]
+                 "start": round(start, 3), "end": round(end, 3), "words": out}]
 
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
