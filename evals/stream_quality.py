@@ -35,9 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from audiofast.asr.runtime import load_model
-from audiofast.asr.word_timing import trim_pauses, words_from_alignment
+from audiofast.asr.word_timing import force_align
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.datasets import domain_corpus, real_speech_clips
 from audiofast.eval.tts import synthesize
@@ -87,17 +86,6 @@ def dialogues(count: int, lines: int = 8, seed: int = 0) -> list[dict]:
     return clips
 
 
-def forced_words(ct2, audio: np.ndarray, text: str) -> list:
-    """The words of ``text`` timed on ``audio`` (<= 30 s) by forced alignment."""
-    tok = ct2.tokenizer
-    mel = pad_or_trim(log_mel_spectrogram(audio, ct2.n_mels), N_FRAMES)
-    tokens = tok.encode(" " + text.strip())
-    frames = min(N_FRAMES, len(audio) * 100 // SAMPLE_RATE)
-    alignment = ct2.align(ct2.encode(mel), tok.sot_sequence("en", "transcribe", True),
-                          [tokens], [frames])[0]
-    return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
-
-
 def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int, int, int]:
     """Streamed words matched to a reference word, and of them: start and end within 0.2 s,
     start within, end within."""
@@ -129,7 +117,7 @@ def main() -> None:
     for clip in clips:
         clip["offline"] = wer(clip["reference"], runtime.transcribe(clip["audio"]).text)
         if len(clip["audio"]) <= 30 * SAMPLE_RATE:
-            clip["aligned"] = forced_words(ct2, clip["audio"], clip["reference"])
+            clip["aligned"] = force_align(ct2, clip["audio"], clip["reference"])
     results = []
     for spec in args.configs:
         decoder_kwargs, option_kwargs = parse_config(spec)

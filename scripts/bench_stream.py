@@ -5,7 +5,10 @@ turn) at real-time pace over loopback. Reported per N:
 
 - first partial: seconds from speech onset (silero VAD on the file) to the first ``partial``
 - commit latency: seconds from a word's end (its time in the ``final`` event) to the arrival
-  of that ``final``; "utterance final" is the same for the last final of each utterance
+  of that ``final``
+- utterance final: seconds from the end of an utterance's speech (silero VAD on the file: the
+  same reference for every engine, whatever times its finals carry) to the arrival of the
+  utterance's last ``final``
 - end lag: seconds from the last audio frame to ``closed`` (bounded = real time held)
 - WER of the concatenated finals against the references, beside the offline transcript's
 - server RSS (peak, from /proc) — the server runs as its own process
@@ -54,9 +57,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def speech_onset(audio: np.ndarray) -> float:
-    events = SpeechDetector().feed(audio)
-    return next(e.sample for e in events if e.kind == "start") / SAMPLE_RATE
+def speech_ends(audio: np.ndarray) -> tuple[float, list[float]]:
+    """Where speech first starts and where each stretch of it ends (seconds), per VAD."""
+    detector = SpeechDetector()
+    events = detector.feed(audio) + detector.flush()
+    onset = next(e.sample for e in events if e.kind == "start") / SAMPLE_RATE
+    return onset, [e.sample / SAMPLE_RATE for e in events if e.kind == "end"]
+
+
+def nearest(values: list[float], x: float) -> float:
+    return min(values, key=lambda v: abs(v - x))
 
 
 def proc_memory_mb(pid: int) -> dict[str, float]:
@@ -107,7 +117,10 @@ async def run_clients(url: str, clips: list, n: int) -> list[dict]:
             "clip": clip["name"],
             "first_partial_s": (partials[0] - clip["onset"]) if partials else None,
             "commit_latency_s": [t - e["end"] for t, e in finals],
-            "utterance_final_s": [t - e["end"] for t, e in last_of_utt.values()],
+            "utterance_final_s": [t - nearest(clip["speech_ends"], e["end"])
+                                  for t, e in last_of_utt.values()],
+            "finals": [{"t": round(t, 3), **{k: e[k] for k in ("utterance", "start", "end")}}
+                       for t, e in finals],
             "end_lag_s": closed - clip["duration"],
             "errors": len(result.errors),
             "text": result.text,
@@ -168,7 +181,7 @@ def plot(results: list[dict], path: Path) -> None:
         axes[1].plot(ns, [r["utt_final_p95"] for r in rs], "o-", label=f"{label} p95")
     axes[0].set(title="first partial after speech onset", xlabel="concurrent clients",
                 ylabel="seconds")
-    axes[1].set(title="utterance final after its last word", xlabel="concurrent clients",
+    axes[1].set(title="utterance final after its speech ends", xlabel="concurrent clients",
                 ylabel="seconds")
     for ax in axes:
         ax.axhline(0.5 if ax is axes[0] else 1.0, color="grey", ls=":", label="goal")
@@ -192,7 +205,7 @@ def main() -> None:
              for c in real_speech_clips()]
     for c in clips:
         c["duration"] = len(c["audio"]) / SAMPLE_RATE
-        c["onset"] = speech_onset(c["audio"])
+        c["onset"], c["speech_ends"] = speech_ends(c["audio"])
     results = []
     for model in args.models:
         runtime = load_model(model, threads=args.threads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import ctranslate2
 import numpy as np
@@ -11,7 +12,7 @@ from audiofast.asr.batched import transcribe_batched
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
-from audiofast.asr.types import Transcription
+from audiofast.asr.types import Segment, Transcription
 from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
 from audiofast.asr.vocab_diet import VOCAB_MAP_FILE, DietVocab
 from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH
@@ -151,12 +152,19 @@ class CT2Whisper:
         options: TranscribeOptions = TranscribeOptions(),
         progress: bool | None = None,
         vad_filter: bool | VadFilterOptions = False,
+        on_segment: Callable[[Segment], None] | None = None,
     ) -> Transcription:
-        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py)."""
+        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py);
+        ``on_segment``: called with each segment as its window is done (longform.py; batched
+        chunks: all at the end)."""
         audio = load_audio(audio)
         if vad_filter:
-            return transcribe_speech(lambda speech: self.transcribe(speech, options, progress),
-                                     audio, vad_options(vad_filter))
+            return transcribe_speech(
+                lambda speech, each: self.transcribe(speech, options, progress, False, each),
+                audio, vad_options(vad_filter), on_segment)
         if options.batch_size:
-            return transcribe_batched(self, audio, options, progress)
-        return transcribe_audio(self, audio, options, progress)
+            result = transcribe_batched(self, audio, options, progress)
+            for segment in result.segments if on_segment else []:
+                on_segment(segment)
+            return result
+        return transcribe_audio(self, audio, options, progress, on_segment)

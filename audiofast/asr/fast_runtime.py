@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,7 @@ from audiofast.asr.engine import (
 from audiofast.asr.longform import WindowResult, transcribe_audio
 from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP
-from audiofast.asr.types import Transcription
+from audiofast.asr.types import Segment, Transcription
 from audiofast.asr.vad_filter import VadFilterOptions, transcribe_speech, vad_options
 from audiofast.audio import AudioSource, load_audio
 
@@ -169,13 +170,16 @@ class FastWhisper:
 
     def transcribe(self, audio: AudioSource, options: TranscribeOptions = TranscribeOptions(),
                    progress: bool | None = None,
-                   vad_filter: bool | VadFilterOptions = False) -> Transcription:
-        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py)."""
+                   vad_filter: bool | VadFilterOptions = False,
+                   on_segment: Callable[[Segment], None] | None = None) -> Transcription:
+        """``vad_filter``: decode only the speech silero VAD finds (vad_filter.py);
+        ``on_segment``: called with each segment as its window is done (longform.py)."""
         if vad_filter:
-            return transcribe_speech(lambda speech: self.transcribe(speech, options, progress),
-                                     load_audio(audio), vad_options(vad_filter))
+            return transcribe_speech(
+                lambda speech, each: self.transcribe(speech, options, progress, False, each),
+                load_audio(audio), vad_options(vad_filter), on_segment)
         if options.batch_size:
             raise ValueError("the fast engine decodes one sequence at a time: use batch size 0 "
                              "(--batch-size 0), or --engine ct2 for batched chunks")
         self.generator = np.random.default_rng(self.seed)  # same audio, same samples, same text
-        return transcribe_audio(self, load_audio(audio), options, progress)
+        return transcribe_audio(self, load_audio(audio), options, progress, on_segment)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -221,8 +222,11 @@ def transcribe_audio(
     audio: np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     progress: bool | None = None,
+    on_segment: Callable[[Segment], None] | None = None,
 ) -> Transcription:
-    """Transcribe 16 kHz mono audio of any length."""
+    """Transcribe 16 kHz mono audio of any length. ``on_segment`` is called with each segment
+    as soon as its window is decoded (and checked: a skipped hallucination never reaches it),
+    for callers that stream results while the rest of the file decodes."""
     tok = runtime.tokenizer
     duration = len(audio) / SAMPLE_RATE
     mel = log_mel_spectrogram(audio, runtime.n_mels, padding=N_SAMPLES)
@@ -297,6 +301,9 @@ def transcribe_audio(
                 history += [t for s in segments[first_new:] for t in s.tokens]
                 consumed = max(1, round(skip.resume * FRAMES_PER_SECOND) - seek)
                 stats["hallucinations_skipped"] = stats.get("hallucinations_skipped", 0) + 1
+        if on_segment is not None:
+            for segment in segments[first_new:]:
+                on_segment(segment)
         seek += consumed
         bar.update(round(min(seek, content_frames) / FRAMES_PER_SECOND - bar.n, 2))
     bar.close()

@@ -15,12 +15,13 @@ The CLI, the judge and the benchmarks load models through here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.options import TranscribeOptions
-from audiofast.asr.types import Transcription
+from audiofast.asr.types import Segment, Transcription
 from audiofast.asr.vad_filter import VadFilterOptions
 from audiofast.audio import AudioSource
 
@@ -62,8 +63,10 @@ class AutoWhisper:
 
     def transcribe(self, audio: AudioSource, options: TranscribeOptions = TranscribeOptions(),
                    progress: bool | None = None,
-                   vad_filter: bool | VadFilterOptions = False) -> Transcription:
-        return self.runtime_for(options).transcribe(audio, options, progress, vad_filter)
+                   vad_filter: bool | VadFilterOptions = False,
+                   on_segment: Callable[[Segment], None] | None = None) -> Transcription:
+        return self.runtime_for(options).transcribe(audio, options, progress, vad_filter,
+                                                    on_segment)
 
 
 def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from audiofast.asr.types import Transcription
+from audiofast.asr.types import Segment, Transcription
 from audiofast.audio import SAMPLE_RATE
 
 if TYPE_CHECKING:
@@ -86,22 +86,29 @@ class TimeMap:
         return round(self.original_starts[i] + seconds - self.joined_starts[i], 3)
 
 
-def transcribe_speech(transcribe: Callable[[np.ndarray], Transcription], audio: np.ndarray,
-                      options: VadFilterOptions = VadFilterOptions()) -> Transcription:
-    """``transcribe`` run on the speech of ``audio`` only, with times on ``audio``'s timeline
-    (no speech at all: no segments, nothing decoded)."""
+def transcribe_speech(
+    transcribe: Callable[[np.ndarray, Callable[[Segment], None] | None], Transcription],
+    audio: np.ndarray, options: VadFilterOptions = VadFilterOptions(),
+    on_segment: Callable[[Segment], None] | None = None,
+) -> Transcription:
+    """``transcribe(speech, on_segment)`` run on the speech of ``audio`` only, with times on
+    ``audio``'s timeline (no speech at all: no segments, nothing decoded); ``on_segment``
+    gets each segment on that timeline too."""
     regions = speech_regions(audio, options)
     duration = len(audio) / SAMPLE_RATE
     stats = {"vad_speech_s": sum(e - s for s, e in regions) / SAMPLE_RATE}
     if not regions:
         return Transcription([], "en", 0.0, duration, stats)
-    result = transcribe(np.concatenate([audio[s:e] for s, e in regions]))
     to_original = TimeMap(regions)
-    segments = [dataclasses.replace(
-        seg, start=to_original(seg.start), end=to_original(seg.end, end=True),
-        words=None if seg.words is None else [
-            dataclasses.replace(w, start=to_original(w.start), end=to_original(w.end, end=True))
-            for w in seg.words])
-        for seg in result.segments]
-    return dataclasses.replace(result, segments=segments, duration=duration,
-                               stats=result.stats | stats)
+
+    def restore(seg: Segment) -> Segment:
+        return dataclasses.replace(
+            seg, start=to_original(seg.start), end=to_original(seg.end, end=True),
+            words=None if seg.words is None else [
+                dataclasses.replace(w, start=to_original(w.start),
+                                    end=to_original(w.end, end=True)) for w in seg.words])
+
+    each = (lambda seg: on_segment(restore(seg))) if on_segment else None
+    result = transcribe(np.concatenate([audio[s:e] for s, e in regions]), each)
+    return dataclasses.replace(result, segments=[restore(s) for s in result.segments],
+                               duration=duration, stats=result.stats | stats)

@@ -6,8 +6,9 @@ verbose_json, ``temperature``, ``timestamp_granularities[]``, ``stream``); ``GET
 lists what this server transcribes with. Files are decoded by the live server's own model, one
 at a time under the scheduler's engine lock (live batches wait for the file and the other way
 round: one engine, never two decodes on it at once). ``stream=true`` answers Server-Sent
-Events, a ``transcript.text.delta`` per segment then ``transcript.text.done``; the events are
-sent once the file is decoded. Every failure is OpenAI's error JSON with a one-line message.
+Events, a ``transcript.text.delta`` per segment as soon as its window is decoded (the runtime's
+``on_segment``), then ``transcript.text.done``. Every failure is OpenAI's error JSON with a
+one-line message; one that happens after a stream started is an ``error`` event.
 
 A port of its own because the WebSocket library answers only handshakes: its HTTP parser
 refuses any request with a body. Same process, model, token and loopback rule.
@@ -16,6 +17,7 @@ refuses any request with a body. Same process, model, token and loopback rule.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
@@ -26,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from audiofast.asr.options import TranscribeOptions
-from audiofast.asr.types import Transcription
+from audiofast.asr.types import Segment, Transcription
 from audiofast.asr.writers import to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, AudioError, load_audio
 
@@ -109,6 +111,13 @@ def create_app(server: TranscriptionServer) -> FastAPI:
             language=language or None, task=task, initial_prompt=prompt or None,
             word_timestamps=words,
             temperatures=(temperature,) if temperature > 0 else TranscribeOptions.temperatures)
+        if stream:
+            tok = server.decoder.tokenizer
+            if not tok.multilingual and (language or "en") != "en":
+                raise APIError(400, f"this model is English-only; cannot transcribe "
+                               f"{language!r}", "language")
+            return StreamingResponse(_stream(server, audio, decoding),
+                                     media_type="text/event-stream")
         t0 = time.perf_counter()
         try:
             async with server.scheduler.engine_lock:
@@ -118,8 +127,6 @@ def create_app(server: TranscriptionServer) -> FastAPI:
             raise APIError(400, str(err).splitlines()[0]) from None
         server.stats["http_requests"] += 1
         server.stats["http_decode_s"] += time.perf_counter() - t0
-        if stream:
-            return StreamingResponse(_events(result), media_type="text/event-stream")
         return _respond(result, response_format, task, words)
 
     @app.post("/v1/audio/transcriptions")
@@ -171,8 +178,39 @@ def _respond(result: Transcription, response_format: str, task: str, words: bool
     return body
 
 
-async def _events(result: Transcription):
-    """OpenAI's transcription stream: one delta per segment, then the whole text."""
-    for segment in result.segments:
-        yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': segment.text})}\n\n"
-    yield f"data: {json.dumps({'type': 'transcript.text.done', 'text': result.text})}\n\n"
+def _event(event: dict[str, Any]) -> str:
+    return f"data: {json.dumps(event)}\n\n"
+
+
+async def _stream(server: TranscriptionServer, audio, options: TranscribeOptions):
+    """OpenAI's transcription stream: a delta per segment while the file decodes (in a
+    worker thread, under the engine lock), then the whole text. The lock is held until the
+    decode ends even if the client leaves: the thread cannot be stopped midway."""
+    loop = asyncio.get_running_loop()
+    segments: asyncio.Queue[Segment | None] = asyncio.Queue()
+
+    def each(segment: Segment) -> None:
+        loop.call_soon_threadsafe(segments.put_nowait, segment)
+
+    async with server.scheduler.engine_lock:
+        t0 = time.perf_counter()
+        job = asyncio.ensure_future(asyncio.to_thread(
+            server.runtime.transcribe, audio, options, False, False, each))
+        job.add_done_callback(lambda _: segments.put_nowait(None))
+        try:
+            while (segment := await segments.get()) is not None:
+                yield _event({"type": "transcript.text.delta", "delta": segment.text})
+            try:
+                result = job.result()
+            except Exception as err:  # e.g. a language the model cannot do
+                yield _event({"type": "error", "error": {
+                    "message": str(err).splitlines()[0] or type(err).__name__,
+                    "type": "invalid_request_error"}})
+                return
+            server.stats["http_requests"] += 1
+            server.stats["http_decode_s"] += time.perf_counter() - t0
+            yield _event({"type": "transcript.text.done", "text": result.text})
+        finally:
+            if not job.done():  # the client went away: let the decode finish first
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(job)
