@@ -86,9 +86,10 @@ def start_server(model: str, port: int, threads: int, engine: str,
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
            str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", name,
            *(["--pad", pad[0]] if pad else [])]
+    # ``-m`` puts the working directory first on sys.path: run in the tree that should serve
     env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+                            env=env, cwd=tree)
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)

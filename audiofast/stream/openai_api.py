@@ -17,7 +17,6 @@ refuses any request with a body. Same process, model, token and loopback rule.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import time
@@ -116,8 +115,7 @@ def create_app(server: TranscriptionServer) -> FastAPI:
             if not tok.multilingual and (language or "en") != "en":
                 raise APIError(400, f"this model is English-only; cannot transcribe "
                                f"{language!r}", "language")
-            return StreamingResponse(_stream(server, audio, decoding),
-                                     media_type="text/event-stream")
+            return _stream(server, audio, decoding)
         t0 = time.perf_counter()
         try:
             async with server.scheduler.engine_lock:
@@ -182,35 +180,43 @@ def _event(event: dict[str, Any]) -> str:
     return f"data: {json.dumps(event)}\n\n"
 
 
-async def _stream(server: TranscriptionServer, audio, options: TranscribeOptions):
-    """OpenAI's transcription stream: a delta per segment while the file decodes (in a
-    worker thread, under the engine lock), then the whole text. The lock is held until the
-    decode ends even if the client leaves: the thread cannot be stopped midway."""
+def _stream(server: TranscriptionServer, audio, options: TranscribeOptions) -> StreamingResponse:
+    """OpenAI's transcription stream: a delta per segment while the file decodes, then the
+    whole text. The decode is a task of its own (under the engine lock, in a worker thread),
+    so it ends and frees the engine whether or not the client stays to read."""
     loop = asyncio.get_running_loop()
     segments: asyncio.Queue[Segment | None] = asyncio.Queue()
 
     def each(segment: Segment) -> None:
         loop.call_soon_threadsafe(segments.put_nowait, segment)
 
-    async with server.scheduler.engine_lock:
-        t0 = time.perf_counter()
-        job = asyncio.ensure_future(asyncio.to_thread(
-            server.runtime.transcribe, audio, options, False, False, each))
-        job.add_done_callback(lambda _: segments.put_nowait(None))
-        try:
-            while (segment := await segments.get()) is not None:
-                yield _event({"type": "transcript.text.delta", "delta": segment.text})
-            try:
-                result = job.result()
-            except Exception as err:  # e.g. a language the model cannot do
-                yield _event({"type": "error", "error": {
-                    "message": str(err).splitlines()[0] or type(err).__name__,
-                    "type": "invalid_request_error"}})
-                return
+    async def decode() -> Transcription:
+        async with server.scheduler.engine_lock:
+            t0 = time.perf_counter()
+            result = await asyncio.to_thread(server.runtime.transcribe, audio, options, False,
+                                             False, each)
             server.stats["http_requests"] += 1
             server.stats["http_decode_s"] += time.perf_counter() - t0
-            yield _event({"type": "transcript.text.done", "text": result.text})
-        finally:
-            if not job.done():  # the client went away: let the decode finish first
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(job)
+            return result
+
+    job = asyncio.create_task(decode())
+    _running.add(job)  # the loop keeps only weak references to tasks
+    job.add_done_callback(_running.discard)
+    job.add_done_callback(lambda _: segments.put_nowait(None))
+
+    async def events():
+        while (segment := await segments.get()) is not None:
+            yield _event({"type": "transcript.text.delta", "delta": segment.text})
+        try:
+            result = job.result()
+        except Exception as err:  # e.g. a language the model cannot do
+            yield _event({"type": "error", "error": {
+                "message": str(err).splitlines()[0] or type(err).__name__,
+                "type": "invalid_request_error"}})
+            return
+        yield _event({"type": "transcript.text.done", "text": result.text})
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+_running: set[asyncio.Task] = set()
