@@ -1,11 +1,12 @@
-"""Batched decoding of live audio buffers on CTranslate2.
+"""Batched decoding of live audio buffers (CTranslate2's encoder, the fused decoder).
 
 What makes streaming affordable on a small CPU:
 
 - **No 30 s padding.** A buffer of d seconds is encoded as d + ``pad_s`` seconds of input
-  (silence appended), not 30 s: the encoder cost falls with the frames. Whisper was trained
-  on 30 s windows and sometimes loops on short ones, so a hypothesis whose text compresses
-  like a loop is decoded again at full 30 s (Whisper's own compression-ratio test).
+  (silence appended), not 30 s: the encoder cost falls with the frames. A hypothesis whose
+  text compresses like a loop (Whisper's own compression-ratio test) or is too long for its
+  audio is decoded again without the prompt on the same window - short buffers loop mostly by
+  copying the earlier text the prompt holds - and only if that loops too at the full 30 s.
 - **Committed segments are forced, not re-decoded.** Whole Whisper segments (text and
   closing timestamp) that LocalAgreement committed go in as a forced prefix, read in one
   pass instead of one step per token. (Forcing a prefix that ends mid-segment made Whisper
