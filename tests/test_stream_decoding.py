@@ -222,9 +222,9 @@ def test_closing_decode_done_ahead_is_the_closing_decode(live, clips):
     run = replay(decoder, audio)
     assert checked == [True] and run.ready == 1  # the first utterance; the second ends with
     assert len({e["utterance"] for e in run.finals}) == 2  # the stream, not with VAD
-    ahead = replay(StreamDecoder(live, draft=False), audio, StreamOptions(early_close=False))
-    assert ahead.ready == 0
-    assert normalize(ahead.text) == normalize(run.text)
+    waited = replay(StreamDecoder(live, draft=False), audio, StreamOptions(early_close=False))
+    assert waited.ready == 0
+    assert normalize(waited.text) == normalize(run.text)
 
 
 def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
