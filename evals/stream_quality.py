@@ -27,7 +27,6 @@ first at the same window without the prompt), and the StreamOptions ``chunk``
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import platform
 import random
@@ -40,7 +39,7 @@ from audiofast.asr.word_timing import force_align
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.datasets import domain_corpus, real_speech_clips
 from audiofast.eval.tts import synthesize
-from audiofast.eval.wer import wer
+from audiofast.eval.wer import wer, word_pairs
 from audiofast.stream.decoder import StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions
@@ -89,12 +88,9 @@ def dialogues(count: int, lines: int = 8, seed: int = 0) -> list[dict]:
 def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int, int, int]:
     """Streamed words matched to a reference word, and of them: start and end within 0.2 s,
     start within, end within."""
-    norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
     streamed = [w for e in finals for w in e["words"]]
-    blocks = difflib.SequenceMatcher(None, [norm(w["w"]) for w in streamed],
-                                     [norm(w.word) for w in reference], autojunk=False)
-    pairs = [(streamed[b.a + k], reference[b.b + k]) for b in blocks.get_matching_blocks()
-             for k in range(b.size)]
+    pairs = [(streamed[i], reference[j]) for i, j in word_pairs(
+        [w["w"] for w in streamed], [w.word for w in reference])]
     starts = [abs(s["start"] - r.start) <= 0.2 for s, r in pairs]
     ends = [abs(s["end"] - r.end) <= 0.2 for s, r in pairs]
     both = sum(a and b for a, b in zip(starts, ends, strict=True))
@@ -112,8 +108,7 @@ def main() -> None:
     runtime = load_model(args.model, threads=args.threads)
     clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
              for c in real_speech_clips()] + dialogues(args.dialogues)
-    ct2 = runtime.ct2 if hasattr(runtime, "ct2") else runtime
-    ct2 = getattr(ct2, "ct2", ct2)  # auto -> fast -> its CTranslate2 model
+    ct2 = getattr(runtime, "ct2", runtime)  # auto: its CTranslate2 model
     for clip in clips:
         clip["offline"] = wer(clip["reference"], runtime.transcribe(clip["audio"]).text)
         if len(clip["audio"]) <= 30 * SAMPLE_RATE:

@@ -12,7 +12,7 @@ import pytest
 
 from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
-from audiofast.eval.wer import normalize, wer
+from audiofast.eval.wer import normalize, wer, word_pairs
 from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions
@@ -55,17 +55,13 @@ def test_session_finals_match_offline_transcript(engine, base, live, clips):
 def test_stream_word_times_follow_the_offline_words(live, clips):
     """The words of a stream's finals (aligned on each live buffer) start within 0.3 s of
     the same words timed offline on 30 s windows, for >= 85% of them."""
-    import difflib
-
     audio = load_audio(clips["beckett"].audio)
     finals, _ = run_session(StreamDecoder(live), audio)
     streamed = [w for e in finals for w in e["words"]]
     offline = [w for s in live.transcribe(
         audio, TranscribeOptions(language="en", word_timestamps=True)).segments for w in s.words]
-    norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
-    pairs = [(streamed[b.a + k], offline[b.b + k]) for b in difflib.SequenceMatcher(
-        None, [norm(w["w"]) for w in streamed], [norm(w.word) for w in offline]
-    ).get_matching_blocks() for k in range(b.size)]
+    pairs = [(streamed[i], offline[j])
+             for i, j in word_pairs([w["w"] for w in streamed], [w.word for w in offline])]
     assert len(pairs) >= 0.9 * len(offline)
     close = sum(abs(s["start"] - o.start) <= 0.3 for s, o in pairs)
     assert close >= 0.85 * len(pairs), [(s["w"], s["start"], o.start) for s, o in pairs]
@@ -75,8 +71,6 @@ def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, cli
     """Endgame's streamed final words (14 short lines, each timed on its live buffer) start
     and end within 0.2 s of the reference text force-aligned on the whole clip, for >= 85 %
     of them (measured 94 % / 93 %, evals/stream_quality.py)."""
-    import difflib
-
     from audiofast.asr.word_timing import force_align
 
     clip = clips["endgame_nagg_nell"]
@@ -84,10 +78,8 @@ def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, cli
     finals, _ = run_session(StreamDecoder(live), audio)
     streamed = [w for e in finals for w in e["words"]]
     aligned = force_align(live.ct2, audio, clip.reference)
-    norm = lambda word: "".join(c for c in word.lower() if c.isalnum())  # noqa: E731
-    pairs = [(streamed[b.a + k], aligned[b.b + k]) for b in difflib.SequenceMatcher(
-        None, [norm(w["w"]) for w in streamed], [norm(w.word) for w in aligned],
-        autojunk=False).get_matching_blocks() for k in range(b.size)]
+    pairs = [(streamed[i], aligned[j])
+             for i, j in word_pairs([w["w"] for w in streamed], [w.word for w in aligned])]
     assert len(pairs) >= 0.9 * len(aligned)
     starts = sum(abs(s["start"] - a.start) <= 0.2 for s, a in pairs)
     ends = sum(abs(s["end"] - a.end) <= 0.2 for s, a in pairs)

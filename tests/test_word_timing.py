@@ -2,40 +2,25 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Segment, Transcription, Word
-from audiofast.asr.word_timing import trim_pauses, words_from_alignment
+from audiofast.asr.word_timing import force_align
 from audiofast.asr.writers import to_json, to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.tts import synthesize
+from audiofast.eval.wer import word_pairs
 
 WORDS = TranscribeOptions(language="en", word_timestamps=True)
 
 
 def norm(word: str) -> str:
     return "".join(c for c in word.lower() if c.isalnum())
-
-
-def reference_words(runtime, clip) -> list[Word]:
-    """The reference text force-aligned to the clip on one standard 30 s window (words under
-    the same pause convention as transcriptions')."""
-    tok = runtime.tokenizer
-    audio = load_audio(clip.audio)
-    mel = log_mel_spectrogram(audio, runtime.n_mels)
-    frames = min(mel.shape[-1], N_FRAMES)
-    encoded = runtime.encode(pad_or_trim(mel[:, :frames]))
-    tokens = tok.encode(" " + " ".join(clip.reference.split()))
-    alignment = runtime.align(encoded, tok.sot_sequence("en", "transcribe", True), [tokens],
-                              [frames])[0]
-    return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
 
 
 @pytest.mark.parametrize("engine", ["ct2", "fast"])
@@ -55,11 +40,10 @@ def test_words_agree_with_a_forced_alignment_of_the_reference(engine, base, live
             assert all(0 <= w.probability <= 1 for w in segment.words)
         starts = [w.start for w in words]
         assert starts == sorted(starts) and words[-1].end <= result.duration
-        reference = reference_words(base, clips[name])
-        ours, theirs = [norm(w.word) for w in words], [norm(w.word) for w in reference]
-        blocks = difflib.SequenceMatcher(None, ours, theirs).get_matching_blocks()
-        pairs = [(words[b.a + k], reference[b.b + k]) for b in blocks for k in range(b.size)]
-        assert len(pairs) >= 0.9 * len(theirs), (ours, theirs)
+        reference = force_align(base, load_audio(clips[name].audio), clips[name].reference)
+        pairs = [(words[i], reference[j]) for i, j in word_pairs([w.word for w in words],
+                                                                 [w.word for w in reference])]
+        assert len(pairs) >= 0.9 * len(reference), (words, reference)
         matched += len(pairs)
         close += sum(abs(a.start - b.start) <= 0.2 and abs(a.end - b.end) <= 0.2
                      for a, b in pairs)

@@ -124,17 +124,18 @@ def words_from_alignment(alignment, tokenizer: WhisperTokenizer,
     return out
 
 
-def force_align(ct2, audio: np.ndarray, text: str, language: str = "en") -> list[Word]:
+def force_align(runtime, audio: np.ndarray, text: str, language: str = "en") -> list[Word]:
     """The words of a known transcript timed on its audio (16 kHz, at most 30 s): forced
-    alignment with the same DTW as ``--word-timestamps``. ``ct2``: a CT2Whisper."""
+    alignment with the same DTW and pause convention as ``--word-timestamps``. ``runtime``:
+    a CT2Whisper or FastWhisper (their ``encode`` and ``align``)."""
     from audiofast.asr.features import N_FRAMES, log_mel_spectrogram, pad_or_trim
 
     if len(audio) > N_FRAMES * 160:
         raise ValueError(f"force_align takes at most 30 s of audio, got {len(audio) / 16000:.1f} s")
-    tok = ct2.tokenizer
-    mel = pad_or_trim(log_mel_spectrogram(audio, ct2.n_mels), N_FRAMES)
-    tokens = tok.encode(" " + text.strip())
-    alignment = ct2.align(ct2.encode(mel), tok.sot_sequence(language, "transcribe", True),
-                          [tokens], [min(N_FRAMES, len(audio) // 160)])[0]
+    tok = runtime.tokenizer
+    mel = pad_or_trim(log_mel_spectrogram(audio, runtime.n_mels), N_FRAMES)
+    tokens = tok.encode(" " + " ".join(text.split()))
+    alignment = runtime.align(runtime.encode(mel), tok.sot_sequence(language, "transcribe", True),
+                              [tokens], [min(N_FRAMES, len(audio) // 160)])[0]
     return trim_pauses(words_from_alignment(alignment, tok, [tokens], 0.0)[0])
 

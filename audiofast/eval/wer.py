@@ -10,6 +10,7 @@ offline wheel carries, so it is empty here: "colour" and "color" count as differ
 
 from __future__ import annotations
 
+import difflib
 import re
 from functools import lru_cache
 
@@ -26,6 +27,18 @@ def _normalizer():
 
 def normalize(text: str) -> str:
     return _normalizer()(text.replace("\u2019", "'").replace("\u2018", "'"))
+
+
+def word_pairs(words: list[str], reference: list[str]) -> list[tuple[int, int]]:
+    """(i, j) for each word ``words[i]`` matched to ``reference[j]``: the same letters and
+    digits in any case, in order (difflib's longest matching blocks). For comparing the
+    times of words two transcripts share."""
+    def key(word: str) -> str:
+        return "".join(c for c in word.lower() if c.isalnum())
+
+    blocks = difflib.SequenceMatcher(None, [key(w) for w in words], [key(w) for w in reference],
+                                     autojunk=False).get_matching_blocks()
+    return [(b.a + k, b.b + k) for b in blocks for k in range(b.size)]
 
 
 def wer(references: list[str] | str, hypotheses: list[str] | str) -> float:

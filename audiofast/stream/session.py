@@ -153,15 +153,15 @@ class StreamSession:
         utt = self.utterances[0]
         closed = utt.end is not None and (utt.end <= self.received or self.ending)
         end = min(utt.end, self.received) if closed else self.received
-        early = not closed and self._early_end(utt)
-        if early:
+        early = None if closed else self._early_end(utt)
+        if early is not None:
             end = early
         elif not closed:
             heard = utt.committed or utt.previous
             chunk = self.options.min_chunk_s if heard else self.options.first_chunk_s
             if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE:
                 return None
-        self._in_flight = (utt, end, closed, bool(early))
+        self._in_flight = (utt, end, closed, early is not None)
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
         # What the last decode said after the prefix: the draft the new decode verifies.

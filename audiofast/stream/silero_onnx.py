@@ -33,13 +33,11 @@ def shared_session():
         if _shared is None:
             # The graph's file, found without importing silero_vad (which imports torch).
             spec = importlib.util.find_spec("silero_vad")
-            try:
-                import onnxruntime as ort
-            except ModuleNotFoundError:
-                spec = None
-            if spec is None or not spec.submodule_search_locations:
+            if spec is None or importlib.util.find_spec("onnxruntime") is None:
                 raise ModuleNotFoundError("live VAD needs onnxruntime and silero-vad: pip "
                                           "install 'audiofast[serve]'")
+            import onnxruntime as ort
+
             path = Path(spec.submodule_search_locations[0]) / "data" / "silero_vad.onnx"
             options = ort.SessionOptions()
             # Single chunks are far too small to split; sessions run in parallel instead.

@@ -65,9 +65,7 @@ class SpeechDetector:
         sample an ``end`` event would carry, before ``min_silence_s`` confirms it."""
         if not self.in_speech or self._silence_start is None:
             return None
-        if self._silence_start - self._speech_start < self.options.min_speech_s * SAMPLE_RATE:
-            return None  # it would end as a blip, not an utterance
-        return self._silence_start
+        return None if self._blip() else self._silence_start  # a blip ends no utterance
 
     def flush(self) -> list[VadEvent]:
         """End of stream: close an open utterance."""
@@ -91,6 +89,10 @@ class SpeechDetector:
         if self.position + CHUNK - self._silence_start < opts.min_silence_s * SAMPLE_RATE:
             return []
         self.in_speech = False
-        if self._silence_start - self._speech_start < opts.min_speech_s * SAMPLE_RATE:
-            return [VadEvent("end", self._speech_start)]  # a blip: an empty utterance
+        if self._blip():
+            return [VadEvent("end", self._speech_start)]  # an empty utterance
         return [VadEvent("end", self._silence_start)]
+
+    def _blip(self) -> bool:
+        """The speech before the current silence is too short to be an utterance."""
+        return self._silence_start - self._speech_start < self.options.min_speech_s * SAMPLE_RATE
