@@ -236,3 +236,83 @@ def test_forked_samples_decode_as_alone(fast_int8, clips):
                                samples=1)[0]
     alone = sample_decode(engine, prompt, rules, 60, 0.8, np.random.default_rng(5))
     assert one.tokens == alone.tokens and one.sum_logprob == pytest.approx(alone.sum_logprob)
+
+
+@pytest.fixture(scope="module")
+def windows(fast_int8, clips):
+    """Three real windows of different lengths (500, 800 and 1500 encoder frames)."""
+    from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+    from audiofast.audio import load_audio
+
+    out = []
+    for name, frames in [("beckett", 500), ("two_cities", 800), ("clone-test", 1500)]:
+        mel = log_mel_spectrogram(load_audio(clips[name].audio), fast_int8.n_mels)
+        out.append(np.asarray(fast_int8.encode(pad_or_trim(mel, frames))))
+    return out
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-kv8"])
+def test_sequences_of_other_windows_in_one_call_decode_as_alone(precision, fast_int8, windows):
+    """A batched call (one sequence per window, each with its own cache, rows and ``last``)
+    gives every sequence exactly the logits it gets decoded alone, fp16 or int8 K/V: what a
+    live session hears never depends on its batch mates."""
+    engine = fast_int8.engine if precision == "int8" else \
+        FastWhisper("whisper-base", threads=2, precision=precision).engine
+    assert engine.can_batch
+    prompt = [50258, 50259, 50359, 50364]
+    texts = [[6725, 3031, 13, 50414], [440, 2068], [1692]]
+    alone = []
+    for window, text in zip(windows, texts, strict=True):
+        engine.set_audio(window)
+        alone.append((engine(prompt, 0, last=2), engine(text, len(prompt), rowwise=True)))
+    states = [engine.sequence(window) for window in windows]
+    read = engine.forward_batch([(state, prompt, 0, 2) for state in states])
+    fed = engine.forward_batch([(state, text, len(prompt), 0)
+                                for state, text in zip(states, texts, strict=True)])
+    for (first, then), first_b, then_b in zip(alone, read, fed, strict=True):
+        assert np.array_equal(first, first_b) and np.array_equal(then, then_b)
+    # A sequence that left the batch goes on alone from its own cache.
+    later = engine.forward_batch([(states[1], [13], len(prompt) + 2, 0)])[0]
+    engine.set_audio(windows[1])
+    engine(prompt + texts[1], 0)
+    assert np.array_equal(later, engine([13], len(prompt) + 2))
+
+
+def test_batched_call_refuses_bad_sequences(fast_int8, windows):
+    engine = fast_int8.engine
+    state = engine.sequence(windows[0])
+    with pytest.raises(ValueError, match="exceeds the decoder context"):
+        engine.forward_batch([(state, [50258] * 3, engine.n_ctx - 2, 0)])
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.forward_batch([(state, [50258], 0, 0), (engine.sequence(windows[1]), [], 0, 0)])
+    kv8 = FastWhisper("whisper-base", threads=2, precision="int8-kv8").engine
+    with pytest.raises(ValueError, match="same layers and K/V type"):
+        engine.forward_batch([(state, [50258], 0, 0),
+                              (kv8.sequence(windows[1]), [50258], 0, 0)])
+
+
+def test_greedy_batch_equals_greedy_alone_with_drafts(fast_int8, windows):
+    """Windows decoded side by side (greedy_decode_batch) give each window plain greedy's
+    tokens and scores, drafted or not, in fewer engine calls than one after the other."""
+    from audiofast.asr.decoding import GreedySearch, greedy_decode, greedy_decode_batch
+    from audiofast.asr.drafters.hypothesis import HypothesisDrafter
+
+    engine = fast_int8.engine
+    prompt = [50258, 50259, 50359]
+    rules = fast_int8.rules(TranscribeOptions(language="en"), prompt)
+    alone = []
+    for window in windows:
+        engine.set_audio(window)
+        alone.append(greedy_decode(engine, prompt, rules, 120))
+    # Drafts: each window's own output with a wrong token in the middle (a changed
+    # hypothesis), for one window none.
+    drafts = [out.tokens[:5] + [13] + out.tokens[6:] for out in alone[:2]] + [None]
+    searches = [(engine.sequence(window), GreedySearch(
+        engine, prompt, rules, 120, HypothesisDrafter(len(prompt), draft) if draft else None))
+        for window, draft in zip(windows, drafts, strict=True)]
+    together = greedy_decode_batch(engine, searches)
+    for a, b in zip(alone, together, strict=True):
+        assert len(a.tokens) > 10
+        assert b.tokens == a.tokens and b.sum_logprob == a.sum_logprob
+        assert b.no_speech_prob == a.no_speech_prob
+    assert together[0].accepted > 0 and together[0].engine_calls < alone[0].engine_calls

@@ -117,6 +117,23 @@ def test_previous_hypothesis_draft_is_lossless_and_saves_calls(live, clips):
     assert stats["tokens"] / stats["decoder_calls"] > 1.5, stats
 
 
+def test_sessions_decoded_in_one_batch_hear_what_they_hear_alone(live, clips):
+    """Due sessions of different buffer lengths (other encoder windows) are decoded in one
+    batch of fused calls: each gets the hypothesis it gets decoded alone, and the batch makes
+    fewer decoder calls than the sessions one after the other."""
+    requests = [DecodeRequest(load_audio(clips[name].audio)[: 16000 * seconds], [], "en",
+                              "transcribe")
+                for name, seconds in [("beckett", 3), ("two_cities", 7), ("clone-test", 12)]]
+    decoder = StreamDecoder(live, draft=False)
+    alone = [decoder.decode([request])[0] for request in requests]
+    calls_alone = decoder.stats["batched_calls"]
+    assert len({decoder.window_frames(r) for r in requests}) == 3
+    together = decoder.decode(requests)
+    assert [h.tokens for h in together] == [h.tokens for h in alone]
+    assert [h.text_times for h in together] == [h.text_times for h in alone]
+    assert decoder.stats["batched_calls"] - calls_alone < calls_alone
+
+
 def test_forced_prefix_is_read_in_one_call_with_the_same_result(live, clips):
     """greedy_decode's ``forced`` tokens (a stream's committed segments) are read with the
     prompt in one call and seen by the timestamp rules as output: forcing the first segment

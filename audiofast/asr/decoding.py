@@ -15,12 +15,15 @@ float32 (max-shifted).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from audiofast.asr.engine import WhisperDecoderEngine
 from audiofast.asr.tokenizer import WhisperTokenizer
+
+if TYPE_CHECKING:
+    from audiofast.asr.fused_decoder import SequenceState
 
 
 def logsumexp(x: np.ndarray) -> float:
@@ -110,6 +113,63 @@ def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTo
     return DecodeOutput(list(forced), 0.0, no_speech, engine_calls=1), logits[-1], limit
 
 
+class GreedySearch:
+    """One greedy decode as the engine calls it needs, so that one loop can run it alone
+    (:func:`greedy_decode`) and another can run many side by side in shared calls
+    (:func:`greedy_decode_batch`) with the same arithmetic.
+
+    ``call`` is the next call to make, (tokens, start, last), None once done; ``advance``
+    takes its logits. The first call reads the prompt and the ``forced`` output prefix;
+    every later one feeds the token just chosen and the drafter's guesses after it, each
+    kept only where greedy picks it."""
+
+    def __init__(self, engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules,
+                 max_new_tokens: int, drafter: Drafter | None = None, forced: list[int] = ()):
+        self.rules, self.drafter, self.prompt = rules, drafter, prompt
+        self._known_prefix = engine.known_prefix
+        sot = prompt.index(rules.tokenizer.sot)
+        fed = prompt + list(forced)
+        self.call: tuple[list[int], int, int] | None = (fed, 0, len(fed) - sot)
+        self.out = DecodeOutput(list(forced), 0.0, float("nan"))
+        self.limit = len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
+        self.position = len(fed)
+        self._draft: list[int] = []
+
+    def advance(self, rows: np.ndarray) -> None:
+        out, tok = self.out, self.rules.tokenizer
+        if out.engine_calls == 0:  # the prompt: no-speech is read at the start of transcript
+            out.no_speech_prob = float(np.exp(log_softmax(rows[0])[tok.no_speech]))
+            last = rows[-1]
+        else:
+            accepted = 0
+            for j, guess in enumerate(self._draft):  # rows[j] predicts what follows draft[j-1]
+                logprobs = log_softmax(self.rules.apply(rows[j], out.tokens))
+                if int(logprobs.argmax()) != guess:
+                    break
+                out.tokens.append(guess)
+                out.sum_logprob += float(logprobs[guess])
+                accepted += 1
+            if self.drafter:
+                self.drafter.feedback(len(self._draft), accepted)
+                out.drafted += len(self._draft)
+                out.accepted += accepted
+                out.accepted_per_call.append(accepted + 1)
+            self.position += 1 + accepted
+            last = rows[accepted]
+        out.engine_calls += 1
+        logprobs = log_softmax(self.rules.apply(last, out.tokens))
+        token = int(logprobs.argmax())
+        out.sum_logprob += float(logprobs[token])
+        if token == tok.eot or len(out.tokens) >= self.limit:
+            self.call = None
+            return
+        out.tokens.append(token)
+        draft = self.drafter.propose(self.prompt + out.tokens) if self.drafter else []
+        self._draft = draft[: min(max(0, self.limit - len(out.tokens)),
+                                  self._known_prefix(draft))]
+        self.call = ([token, *self._draft], self.position, 0)
+
+
 def greedy_decode(
     engine: WhisperDecoderEngine, prompt: list[int], rules: LogitRules, max_new_tokens: int,
     drafter: Drafter | None = None, forced: list[int] = (),
@@ -118,36 +178,29 @@ def greedy_decode(
     ``forced``: output tokens already decided (a live stream's committed segments), read with
     the prompt and seen by the logit rules as output; they start ``tokens`` and are not
     scored."""
-    tok = rules.tokenizer
-    out, last, limit = _read_prompt(engine, prompt, tok, max_new_tokens, forced)
-    position = len(prompt) + len(forced)
-    while True:
-        logprobs = log_softmax(rules.apply(last, out.tokens))
-        token = int(logprobs.argmax())
-        out.sum_logprob += float(logprobs[token])
-        if token == tok.eot or len(out.tokens) >= limit:
-            break
-        out.tokens.append(token)
-        draft = drafter.propose(prompt + out.tokens) if drafter else []
-        draft = draft[: min(max(0, limit - len(out.tokens)), engine.known_prefix(draft))]
-        rows = engine([token, *draft], position, rowwise=True)
-        out.engine_calls += 1
-        accepted = 0
-        for j, guess in enumerate(draft):  # rows[j] predicts the token after draft[j - 1]
-            logprobs = log_softmax(rules.apply(rows[j], out.tokens))
-            if int(logprobs.argmax()) != guess:
-                break
-            out.tokens.append(guess)
-            out.sum_logprob += float(logprobs[guess])
-            accepted += 1
-        if drafter:
-            drafter.feedback(len(draft), accepted)
-            out.drafted += len(draft)
-            out.accepted += accepted
-            out.accepted_per_call.append(accepted + 1)
-        position += 1 + accepted
-        last = rows[accepted]
-    return out
+    search = GreedySearch(engine, prompt, rules, max_new_tokens, drafter, forced)
+    prompt_call = True
+    while search.call is not None:
+        tokens, start, last = search.call
+        # Drafted rows are verified exactly as single steps (rowwise); the prompt needs not.
+        search.advance(engine(tokens, start, rowwise=not prompt_call, last=last))
+        prompt_call = False
+    return search.out
+
+
+def greedy_decode_batch(engine: WhisperDecoderEngine,
+                        searches: list[tuple[SequenceState, GreedySearch]]) -> list[DecodeOutput]:
+    """Several greedy decodes, each over its own window (``engine.sequence``), side by side:
+    every round is one engine call for all unfinished ones, reading the weights once. Each
+    output equals :func:`greedy_decode` of that window alone, token for token (every row of
+    a fused call is computed as if alone)."""
+    active = list(searches)
+    while active:
+        logits = engine.forward_batch([(state, *search.call) for state, search in active])
+        for (_, search), rows in zip(active, logits, strict=True):
+            search.advance(rows)
+        active = [(state, search) for state, search in active if search.call is not None]
+    return [search.out for _, search in searches]
 
 
 def _draw(rules: LogitRules, logits: np.ndarray, out: DecodeOutput, temperature: float,

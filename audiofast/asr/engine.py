@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from audiofast.asr.decoder_weights import DecoderWeights
+    from audiofast.asr.fused_decoder import SequenceState
     from audiofast.asr.vocab_diet import DietVocab
 
 Precision = str  # one of PRECISIONS
@@ -175,6 +176,30 @@ class WhisperDecoderEngine:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         return self._to_full_logits(
             self.backend.forked(self._to_model_ids(tokens), position, self._cross))
+
+    @property
+    def can_batch(self) -> bool:
+        """Whether :meth:`forward_batch` works: sequences of different windows in one call
+        (the fused decoder)."""
+        return hasattr(self.backend, "batch")
+
+    def sequence(self, encoder_out: np.ndarray) -> SequenceState:
+        """A sequence of its own over this window (its cache, its cross-attention K/V), for
+        :meth:`forward_batch`; the engine's own window is left as it is."""
+        return self.backend.sequence(self.backend.project_audio(encoder_out))
+
+    def forward_batch(self, calls: Sequence[tuple[SequenceState, Sequence[int], int, int]]
+                      ) -> list[np.ndarray]:
+        """Each call (sequence, tokens, start, last) as :meth:`__call__` would give it for
+        that sequence alone - bit for bit - but all in one pass over the weights."""
+        fed = []
+        for state, tokens, start, last in calls:
+            tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+            if start + tokens.shape[0] > self.n_ctx:
+                raise ValueError(f"sequence of {start + tokens.shape[0]} tokens exceeds the "
+                                 f"decoder context {self.n_ctx}")
+            fed.append((state, self._to_model_ids(tokens), start, min(last, tokens.shape[0])))
+        return [self._to_full_logits(rows) for rows in self.backend.batch(fed)]
 
     def _to_model_ids(self, tokens: np.ndarray) -> np.ndarray:
         if self.vocab is None:

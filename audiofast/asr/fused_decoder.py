@@ -17,7 +17,8 @@ them, once per model, does).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,6 +84,17 @@ class PackedLinear:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return kernels.quant_linear(x.reshape(-1, x.shape[-1]), self.arrays)
+
+
+@dataclass
+class SequenceState:
+    """One sequence decoded beside others in a batched call: its own self-attention cache
+    and its own window's cross-attention K/V (``FusedDecoder.project_audio``'s tuple)."""
+
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    cross: tuple
+    c_cache: tuple[Any, Any]  # the caches as the kernel borrows them
 
 
 class FusedDecoder:
@@ -165,3 +177,21 @@ class FusedDecoder:
         return kernels.decoder_forward(tokens, position, 0, self.params, self.forked_k,
                                        self.forked_v, cross[1], cross[2], RESCORE_TOP,
                                        self.lm_head.out_features, cross[3])
+
+    def sequence(self, cross: tuple) -> SequenceState:
+        """A new sequence over the window ``cross`` with a cache of its own (uninitialised:
+        attention reads only the positions a call has written)."""
+        shape = (self.n_layers, 1, self.n_heads, self.n_ctx, HEAD_DIM)
+        k, v = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        return SequenceState(k, v, cross, (kernels.as_array(k), kernels.as_array(v)))
+
+    def batch(self, calls: list[tuple[SequenceState, np.ndarray, int, int]]) -> list[np.ndarray]:
+        """One call for several sequences, each (state, tokens, start, last): each one's logit
+        rows, equal bit for bit to calling it alone; the weights are read once for all."""
+        states = [state for state, *_ in calls]
+        logits = kernels.decoder_forward_batch(
+            [tokens for _, tokens, _, _ in calls], [start for *_, start, _ in calls],
+            [last for *_, last in calls], self.params, [s.c_cache for s in states],
+            [s.cross for s in states], RESCORE_TOP, self.lm_head.out_features)
+        counts = [min(last, np.size(t)) if last > 0 else np.size(t) for _, t, _, last in calls]
+        return np.split(logits, np.cumsum(counts)[:-1])

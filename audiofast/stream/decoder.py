@@ -11,13 +11,16 @@ What makes streaming affordable on a small CPU:
   closing timestamp) that LocalAgreement committed go in as a forced prefix, read in one
   pass instead of one step per token. (Forcing a prefix that ends mid-segment made Whisper
   repeat itself; ending on a closing timestamp is a state it was trained in.)
-- **Sessions are batched** when their windows fall in the same 2 s bucket: the encoder
-  costs the same batched or not (it is linear in frames), and padding a short buffer to a
-  long batch mate's window changed its transcript.
-- **The fused int8 decoder** (the offline default) decodes each session's window where its
-  kernels are built, with the previous hypothesis's uncommitted tokens as the draft
-  (drafters/hypothesis.py): verified losslessly, so the text is plain greedy's, in fewer
-  decoder calls. CTranslate2's ``generate`` decodes where the kernels cannot run.
+- **Encoder calls are batched** when sessions' windows fall in the same 2 s bucket: the
+  encoder costs the same batched or not (it is linear in frames), and padding a short buffer
+  to a long batch mate's window changed its transcript.
+- **The fused int8 decoder** (the offline default) decodes every due session's window in
+  one batch where its kernels are built: each call feeds every unfinished session's rows,
+  each over its own cache and window, so the weights are read once per step for all of them
+  (each row still computed alone: a session's text never depends on its batch mates). Each
+  session's previous hypothesis (its uncommitted tokens) is the draft (drafters/
+  hypothesis.py), verified losslessly, so the text is plain greedy's in fewer decoder calls.
+  CTranslate2's ``generate`` decodes where the kernels cannot run.
 
 Every hypothesis's text tokens are then timed by cross-attention alignment (word_timing.py),
 for the session's commit margin and the words of its ``final`` events.
@@ -33,7 +36,7 @@ import ctranslate2
 import numpy as np
 
 from audiofast.asr.ct2_runtime import CT2Whisper
-from audiofast.asr.decoding import LogitRules, greedy_decode
+from audiofast.asr.decoding import GreedySearch, LogitRules, greedy_decode_batch
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
 from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio
@@ -96,7 +99,7 @@ class StreamDecoder:
         # effect. CTranslate2's generate makes one call per step: its calls are its tokens.
         self.stats = {"encoder_s": 0.0, "decoder_s": 0.0, "align_s": 0.0, "windows": 0,
                       "tokens": 0, "decoder_calls": 0, "drafted": 0, "accepted": 0,
-                      "prompt_retry": 0, "full_window": 0}
+                      "batched_calls": 0, "prompt_retry": 0, "full_window": 0}
 
     def window_frames(self, request: DecodeRequest) -> int:
         """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
@@ -104,20 +107,15 @@ class StreamDecoder:
         return min(N_FRAMES, math.ceil(seconds / BUCKET_S) * BUCKET_S * FRAMES_PER_SECOND)
 
     def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:
-        """Requests are batched within window buckets only, so what a session hears never
+        """Encoder calls are batched within window buckets only, so what a session hears never
         depends on which other sessions happen to be decoded with it."""
         hyps: list[Hypothesis] = [r.ready for r in requests]  # type: ignore[misc]
-        buckets: dict[int, list[int]] = {}
-        for i, request in enumerate(requests):
-            if request.ready is None:
-                buckets.setdefault(self.window_frames(request), []).append(i)
-        for frames, members in buckets.items():
-            for i, hyp in zip(members, self._decode([requests[i] for i in members], frames),
-                              strict=True):
-                hyps[i] = hyp
-        for i, (request, hyp) in enumerate(zip(requests, hyps, strict=True)):
-            if request.ready is None and self.window_frames(request) < N_FRAMES:
-                hyps[i] = self._unloop(request, hyp)
+        pending = [i for i, request in enumerate(requests) if request.ready is None]
+        decoded = self._decode([requests[i] for i in pending],
+                               [self.window_frames(requests[i]) for i in pending])
+        for i, hyp in zip(pending, decoded, strict=True):
+            hyps[i] = self._unloop(requests[i], hyp) \
+                if self.window_frames(requests[i]) < N_FRAMES else hyp
         return hyps
 
     def _unloop(self, request: DecodeRequest, hyp: Hypothesis) -> Hypothesis:
@@ -129,11 +127,11 @@ class StreamDecoder:
         retry = DecodeRequest(request.audio, [], request.language, request.task,
                               request.prefix)
         if self.loop_retry == "prompt" and request.context:
-            hyp = self._decode([retry], self.window_frames(request))[0]
+            hyp = self._decode([retry], [self.window_frames(request)])[0]
             self.stats["prompt_retry"] += 1
             if not self._looks_looped(request, hyp):
                 return hyp
-        hyp = self._decode([retry], N_FRAMES)[0]
+        hyp = self._decode([retry], [N_FRAMES])[0]
         hyp.full_window = True
         self.stats["full_window"] += 1
         return hyp
@@ -143,7 +141,43 @@ class StreamDecoder:
         text = self.tokenizer.decode(hyp.tokens)
         return len(hyp.tokens) > limit or compression_ratio(text) > 2.4
 
-    def _decode(self, requests: list[DecodeRequest], frames: int) -> list[Hypothesis]:
+    def _decode(self, requests: list[DecodeRequest], frames: list[int]) -> list[Hypothesis]:
+        """``requests[i]`` on a window of ``frames[i]``: one encoder call per window length,
+        then the decoder (the fused one: every window in one batch), then word timing."""
+        buckets: dict[int, list[int]] = {}
+        for i, f in enumerate(frames):
+            buckets.setdefault(f, []).append(i)
+        t0 = time.perf_counter()
+        encoded = {f: self._encode([requests[i] for i in members], f)
+                   for f, members in buckets.items()}
+        languages = self._languages(requests, buckets, encoded)
+        t1 = time.perf_counter()
+        self.stats["encoder_s"] += t1 - t0
+        self.stats["windows"] += len(requests)
+        hyps: list[Hypothesis] = [None] * len(requests)  # type: ignore[list-item]
+        if self.fast is not None:
+            arrays = {f: np.asarray(view) for f, view in encoded.items()}
+            where = {i: (f, row) for f, members in buckets.items()
+                     for row, i in enumerate(members)}
+            windows = [arrays[where[i][0]][where[i][1] : where[i][1] + 1]
+                       for i in range(len(requests))]
+            hyps = self._decode_fused(requests, windows, languages)
+        else:
+            for f, members in buckets.items():
+                for i, hyp in zip(members, self._generate_ct2(
+                        [requests[i] for i in members], encoded[f],
+                        [languages[i] for i in members]), strict=True):
+                    hyps[i] = hyp
+        t2 = time.perf_counter()
+        self.stats["decoder_s"] += t2 - t1
+        if self.word_timing:
+            for f, members in buckets.items():
+                self._align([requests[i] for i in members], [hyps[i] for i in members],
+                            encoded[f], f)
+            self.stats["align_s"] += time.perf_counter() - t2
+        return hyps
+
+    def _encode(self, requests: list[DecodeRequest], frames: int) -> ctranslate2.StorageView:
         samples = frames * SAMPLE_RATE // FRAMES_PER_SECOND
         mels = []
         for r in requests:
@@ -151,18 +185,19 @@ class StreamDecoder:
             mel = log_mel_spectrogram(audio, self.ct2.n_mels, padding=samples - len(audio))
             mels.append(mel[:, :frames])
         features = np.ascontiguousarray(np.stack(mels))
-        t0 = time.perf_counter()
-        encoded = self.ct2.model.encode(ctranslate2.StorageView.from_array(features))
-        t1 = time.perf_counter()
-        self.stats["encoder_s"] += t1 - t0
-        self.stats["windows"] += len(requests)
-        hyps = self._generate(requests, encoded)
-        t2 = time.perf_counter()
-        self.stats["decoder_s"] += t2 - t1
-        if self.word_timing:
-            self._align(requests, hyps, encoded, frames)
-            self.stats["align_s"] += time.perf_counter() - t2
-        return hyps
+        return self.ct2.model.encode(ctranslate2.StorageView.from_array(features))
+
+    def _languages(self, requests: list[DecodeRequest], buckets: dict[int, list[int]],
+                   encoded: dict[int, ctranslate2.StorageView]) -> list[str | None]:
+        """Each request's language; "auto" (None) on a multilingual model is detected from
+        its encoder output."""
+        languages = [r.language for r in requests]
+        if not self.tokenizer.multilingual or None not in languages:
+            return languages
+        for f, members in buckets.items():
+            for i, best in zip(members, self.ct2.model.detect_language(encoded[f]), strict=True):
+                languages[i] = languages[i] or best[0][0][2:-2]
+        return languages
 
     def _align(self, requests: list[DecodeRequest], hyps: list[Hypothesis],
                encoded: ctranslate2.StorageView, frames: int) -> None:
@@ -186,16 +221,9 @@ class StreamDecoder:
                     hyps[i].text_times = (times + times[-1:] * len(text))[: len(text) + 1]
                     hyps[i].text_probs = list(result.text_token_probs)[: len(text)]
 
-    def _generate(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView
-                  ) -> list[Hypothesis]:
+    def _generate_ct2(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView,
+                      languages: list[str | None]) -> list[Hypothesis]:
         tok = self.tokenizer
-        languages = [r.language for r in requests]
-        if tok.multilingual and None in languages:  # auto: detect from this encoder output
-            detected = self.ct2.model.detect_language(encoded)
-            languages = [lang or best[0][0][2:-2] for lang, best in zip(languages, detected,
-                                                                         strict=True)]
-        if self.fast is not None:
-            return self._decode_fused(requests, encoded, languages)
         prompts = [tok.prompt(r.context, lang, r.task, timestamps=True) + r.prefix
                    for r, lang in zip(requests, languages, strict=True)]
         budget = max(MAX_TOKENS_PER_SECOND * len(r.audio) / SAMPLE_RATE for r in requests) + 12
@@ -229,23 +257,25 @@ class StreamDecoder:
             self.stats["decoder_calls"] += new
         return hyps
 
-    def _decode_fused(self, requests: list[DecodeRequest], encoded: ctranslate2.StorageView,
+    def _decode_fused(self, requests: list[DecodeRequest], windows: list[np.ndarray],
                       languages: list[str | None]) -> list[Hypothesis]:
-        """Each window on the owned decoder, its forced prefix read with the prompt and the
+        """Every window on the owned decoder in one batch (each engine call reads the weights
+        once for all of them), each with its forced prefix read with the prompt and its
         previous hypothesis verified as the draft."""
         tok, engine = self.tokenizer, self.fast.engine
         rules = LogitRules(tok, suppress=self.suppress, suppress_at_begin=[], timestamps=True,
                            max_initial_timestamp_index=50)
-        windows = np.array(encoded)
-        hyps = []
-        for i, (request, language) in enumerate(zip(requests, languages, strict=True)):
-            engine.set_audio(windows[i : i + 1])
+        searches = []
+        for request, window, language in zip(requests, windows, languages, strict=True):
             prompt = tok.prompt(request.context, language, request.task, timestamps=True)
-            expected = request.prefix + request.draft
-            drafter = HypothesisDrafter(len(prompt), expected) \
+            drafter = HypothesisDrafter(len(prompt), request.prefix + request.draft) \
                 if self.draft and request.draft else None
             budget = int(MAX_TOKENS_PER_SECOND * len(request.audio) / SAMPLE_RATE) + 12
-            out = greedy_decode(engine, prompt, rules, budget, drafter, forced=request.prefix)
+            searches.append((engine.sequence(window), GreedySearch(
+                engine, prompt, rules, budget, drafter, forced=request.prefix)))
+        outs = greedy_decode_batch(engine, searches)
+        hyps = []
+        for request, out in zip(requests, outs, strict=True):
             new = len(out.tokens) - len(request.prefix)
             self.stats["decoder_calls"] += out.engine_calls
             self.stats["tokens"] += new + 1  # the end-of-text token is decoded too
@@ -253,6 +283,8 @@ class StreamDecoder:
             self.stats["accepted"] += out.accepted
             hyps.append(Hypothesis(out.tokens, out.no_speech_prob,
                                    out.sum_logprob / (new + 1), False))
+        # Calls that served several windows at once count once here.
+        self.stats["batched_calls"] += max((out.engine_calls for out in outs), default=0)
         return hyps
 
 

@@ -131,6 +131,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.audiofast_last_error.restype = ctypes.c_char_p
     lib.audiofast_decoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64, arr, arr, arr, arr,
                                               arr, arr, i64, i64, ptr, i64]
+    arrs = ctypes.POINTER(arr)
+    lib.audiofast_decoder_forward_batch.argtypes = [ptr, i64, ptr, ptr, ptr, arr, i64, arrs,
+                                                    arrs, arrs, arrs, arrs, arrs, i64, i64, ptr,
+                                                    i64]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
@@ -216,6 +220,45 @@ def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Ar
         tokens.ctypes.data, rows, start, last, params, len(params), ctypes.byref(k),
         ctypes.byref(v), cross_k, cross_v, *(cross_scales or (None, None)), len(cross_k), rescore,
         out.ctypes.data, out.size))
+    return out
+
+
+def _pointers(arrays: Sequence[ctypes.Array | Array]) -> ctypes.Array:
+    """A C array of pointers to each of ``arrays`` (each an :class:`Array` or a C array of
+    them), which must outlive the call."""
+    return (ctypes.POINTER(Array) * len(arrays))(
+        *[ctypes.cast(ctypes.byref(a), ctypes.POINTER(Array)) for a in arrays])
+
+
+def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
+                          lasts: Sequence[int], params: ctypes.Array,
+                          caches: Sequence[tuple[Array, Array]], crosses: Sequence[tuple],
+                          rescore: int, vocab: int) -> np.ndarray:
+    """Several sequences in one call, each its own ``tokens`` at ``starts``, its own cache
+    (``caches``: :func:`as_array` of its (layers, 1, heads, n_ctx, 64) K and V) and window
+    (``crosses``: FusedDecoder.project_audio's tuples): the logit rows of every sequence (its
+    last ``lasts`` rows, 0: all), one after the other. Each row equals the same sequence
+    decoded alone, bit for bit: the weights are read once for all of them."""
+    n_seq = len(tokens)
+    if not (n_seq == len(starts) == len(lasts) == len(caches) == len(crosses)) or not n_seq:
+        raise ValueError("decoder_forward_batch: one start, last, cache and window per sequence")
+    ids = np.ascontiguousarray(np.concatenate([np.asarray(t, np.int64).reshape(-1)
+                                               for t in tokens]))
+    rows = np.array([np.size(t) for t in tokens], np.int64)
+    start = np.array(starts, np.int64)
+    last = np.array(lasts, np.int64)
+    out_rows = int(np.where((last > 0) & (last < rows), last, rows).sum())
+    out = np.empty((out_rows, vocab), dtype=np.float32)
+    layers = {len(cross[1]) for cross in crosses}
+    if len(layers) != 1 or {cross[3] is None for cross in crosses} not in ({True}, {False}):
+        raise ValueError("decoder_forward_batch: every window needs the same layers and K/V type")
+    scales = None if crosses[0][3] is None else [
+        _pointers([c[3][i] for c in crosses]) for i in range(2)]
+    _check(_library().audiofast_decoder_forward_batch(
+        ids.ctypes.data, n_seq, start.ctypes.data, rows.ctypes.data, last.ctypes.data, params,
+        len(params), _pointers([c[0] for c in caches]), _pointers([c[1] for c in caches]),
+        _pointers([c[1] for c in crosses]), _pointers([c[2] for c in crosses]),
+        *(scales or (None, None)), layers.pop(), rescore, out.ctypes.data, out.size))
     return out
 
 

@@ -54,6 +54,25 @@ int audiofast_decoder_forward(const int64_t* ids, int64_t rows, int64_t start, i
   });
 }
 
+// Several sequences in one call, each with its own cache and window (decoder_step.h).
+int audiofast_decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int64_t* starts,
+                                    const int64_t* rows, const int64_t* lasts,
+                                    const audiofast::Array* params, int64_t n_params,
+                                    const audiofast::Array* const* k_caches,
+                                    const audiofast::Array* const* v_caches,
+                                    const audiofast::Array* const* cross_k,
+                                    const audiofast::Array* const* cross_v,
+                                    const audiofast::Array* const* cross_k_scale,
+                                    const audiofast::Array* const* cross_v_scale,
+                                    int64_t n_cross, int64_t rescore, float* logits,
+                                    int64_t logits_size) {
+  return guarded([&] {
+    audiofast::decoder_forward_batch(ids, n_seq, starts, rows, lasts, params, n_params, k_caches,
+                                     v_caches, cross_k, cross_v, cross_k_scale, cross_v_scale,
+                                     n_cross, rescore, logits, logits_size);
+  });
+}
+
 // y (rows, out) = the int8 or int4 linear whose four arrays are `linear`, on x (rows, in) f32.
 int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
                           const audiofast::Array* linear, float* y, int64_t y_size) {

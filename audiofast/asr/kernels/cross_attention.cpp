@@ -7,44 +7,50 @@
 // (one scale per frame and head) halve the pass again.
 #include "cross_attention.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "avx2.h"
 #include "pool.h"
 
 namespace audiofast {
 
-void check_cross(const Array& keys, const Array& values, const Array* key_scale,
-                 const Array* value_scale, int64_t heads) {
+void check_cross(const CrossKV& window, int64_t heads) {
+  const Array& keys = *window.keys;
   const bool int8 = keys.dtype == kInt8;
   check((keys.is(kFloat16, 3) || keys.is(kInt8, 3)) && keys.size(0) == heads &&
-            keys.size(2) == kHeadDim && values.dtype == keys.dtype && keys.same_shape(values),
+            keys.size(2) == kHeadDim && window.values->dtype == keys.dtype &&
+            keys.same_shape(*window.values),
         "cross-attention keys and values must be contiguous (heads, frames, 64) float16 or "
         "int8, one shape");
-  check(int8 == (key_scale != nullptr && value_scale != nullptr),
+  check(int8 == (window.key_scale != nullptr && window.value_scale != nullptr),
         "cross-attention: int8 keys and values need their scales, float16 ones none");
   if (int8)
-    for (const Array* s : {key_scale, value_scale})
+    for (const Array* s : {window.key_scale, window.value_scale})
       check(s->is(kFloat32, 2) && s->size(0) == heads && s->size(1) == keys.size(1),
             "cross-attention scales must be float32 (heads, frames)");
 }
 
-void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Array& keys,
-                          const Array& values, const Array* key_scale,
-                          const Array* value_scale, float* out) {
-  check_cross(keys, values, key_scale, value_scale, heads);
-  const int64_t frames = keys.size(1), d = heads * kHeadDim;
+void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const CrossKV* windows,
+                          float* out) {
+  const int64_t d = heads * kHeadDim;
+  int64_t most = 0;
+  for (int64_t m = 0; m < rows; ++m) most = std::max(most, windows[m].keys->size(1));
   parallel_for(rows * heads, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(frames + 8);
+    std::vector<float> scores(most + 8);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t m = t / heads, h = t % heads, at = h * frames * kHeadDim;
+      const int64_t m = t / heads, h = t % heads;
+      const CrossKV& w = windows[m];
+      const int64_t frames = w.keys->size(1), at = h * frames * kHeadDim;
       float* o = out + m * d + h * kHeadDim;
       const float* qh = q + m * d + h * kHeadDim;
-      if (keys.dtype == kInt8)
-        attend(qh, keys.ptr<const int8_t>() + at, values.ptr<const int8_t>() + at, frames,
-               scores.data(), o, key_scale->ptr<const float>() + h * frames,
-               value_scale->ptr<const float>() + h * frames);
+      if (w.keys->dtype == kInt8)
+        attend(qh, w.keys->ptr<const int8_t>() + at, w.values->ptr<const int8_t>() + at,
+               frames, scores.data(), o, w.key_scale->ptr<const float>() + h * frames,
+               w.value_scale->ptr<const float>() + h * frames);
       else
-        attend(qh, keys.ptr<const uint16_t>() + at, values.ptr<const uint16_t>() + at, frames,
-               scores.data(), o);
+        attend(qh, w.keys->ptr<const uint16_t>() + at, w.values->ptr<const uint16_t>() + at,
+               frames, scores.data(), o);
     }
   });
 }

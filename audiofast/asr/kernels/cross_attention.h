@@ -6,16 +6,22 @@
 
 namespace audiofast {
 
-// out (rows, heads x 64) = each row's attention; q (rows, heads x 64) fp32, already scaled;
-// keys, values (heads, frames, 64) fp16, or int8 with key_scale / value_scale (heads, frames)
-// float32 (one per frame and head; null for fp16), checked. Rows and heads split across
-// threads, each computed alone.
-void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Array& keys,
-                          const Array& values, const Array* key_scale,
-                          const Array* value_scale, float* out);
+// One window's keys and values for one layer: (heads, frames, 64) float16, or int8 with
+// key_scale / value_scale (heads, frames) float32 (one per frame and head; null for fp16).
+struct CrossKV {
+  const Array* keys;
+  const Array* values;
+  const Array* key_scale;
+  const Array* value_scale;
+};
 
-// The same checks alone (decoder_forward refuses bad inputs before reading any).
-void check_cross(const Array& keys, const Array& values, const Array* key_scale,
-                 const Array* value_scale, int64_t heads);
+// out (rows, heads x 64) = each row's attention over its own window (`windows[m]`, checked
+// before the call); q (rows, heads x 64) fp32, already scaled. Rows and heads split across
+// threads, each computed alone.
+void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const CrossKV* windows,
+                          float* out);
+
+// A window's checks (decoder_forward refuses bad inputs before reading any).
+void check_cross(const CrossKV& window, int64_t heads);
 
 }  // namespace audiofast
