@@ -316,3 +316,27 @@ def test_greedy_batch_equals_greedy_alone_with_drafts(fast_int8, windows):
         assert b.tokens == a.tokens and b.sum_logprob == a.sum_logprob
         assert b.no_speech_prob == a.no_speech_prob
     assert together[0].accepted > 0 and together[0].engine_calls < alone[0].engine_calls
+
+
+def test_rescore_recomputes_exactly_the_int8_heads_top_candidates(fast_int8, windows):
+    """The fused call recomputes in fp32 the logits of each row's top 16 int8-head
+    candidates (ties: the lower id) and leaves every other logit as the int8 head gave it."""
+    from audiofast.asr import kernels
+    from audiofast.asr.fused_decoder import RESCORE_TOP
+
+    backend = fast_int8.engine.backend
+    cross = backend.project_audio(windows[1])
+    tokens = np.array([50258, 50259, 50359, 50364, 440, 2068, 3699, 291])
+
+    def call(rescore):
+        return kernels.decoder_forward(tokens, 0, 0, backend.params, backend.k_cache,
+                                       backend.v_cache, cross[1], cross[2], rescore,
+                                       backend.lm_head.out_features, cross[3])
+
+    plain, rescored = call(0), call(RESCORE_TOP)
+    for row_plain, row in zip(plain, rescored, strict=True):
+        ids = np.arange(row_plain.size)
+        top = np.lexsort((ids, -row_plain))[:RESCORE_TOP]  # by value, then the lower id
+        others = np.setdiff1d(ids, top)
+        assert np.array_equal(row[others], row_plain[others])
+        assert np.count_nonzero(row[top] != row_plain[top]) >= RESCORE_TOP - 2

@@ -92,15 +92,30 @@ void check_cache(const Array& k_cache, const Array& v_cache) {
         "n_ctx, 64) of one shape");
 }
 
-// The ids of the top `k` logits of a row (ties: the lower id), in no particular order.
+// The ids of the top `k` logits of a row (ties: the lower id), best first. One pass keeping
+// the best k so far: eight logits at a time are compared with the k-th best, and only one
+// that beats it is inserted (a sort of the whole vocabulary cost 0.5 ms a row).
 std::vector<int64_t> top_ids(const float* logits, int64_t n, int64_t k) {
-  std::vector<int64_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = i;
-  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), [&](int64_t a, int64_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  ids.resize(k);
-  return ids;
+  std::vector<int64_t> best;
+  best.reserve(k + 1);
+  auto insert = [&](int64_t id) {  // ids arrive in increasing order: a tie goes after
+    size_t at = best.size();
+    while (at > 0 && logits[id] > logits[best[at - 1]]) --at;
+    best.insert(best.begin() + at, id);
+    if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+  };
+  int64_t i = 0;
+  for (; i < n && static_cast<int64_t>(best.size()) < k; ++i) insert(i);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 worst = _mm256_set1_ps(logits[best.back()]);
+    if (!_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(logits + i), worst, _CMP_GT_OQ)))
+      continue;
+    for (int64_t j = i; j < i + 8; ++j)
+      if (logits[j] > logits[best.back()]) insert(j);
+  }
+  for (; i < n; ++i)
+    if (logits[i] > logits[best.back()]) insert(i);
+  return best;
 }
 
 }  // namespace
@@ -207,11 +222,13 @@ void decoder_forward_sequences(const int64_t* ids, const std::vector<SequenceCal
     check(exact.is(kFloat32, 2) && exact.size(0) == head.out && exact.size(1) == d,
           "decoder_forward: the exact head must be float32 (vocabulary, width)");
     // The int8 head's top candidates, exactly: near-ties among them decide words.
-    for (int64_t m = 0; m < n_out; ++m) {
-      float* row = logits + m * head.out;
-      for (int64_t id : top_ids(row, head.out, std::min(rescore, head.out)))
-        row[id] = dot(exact.ptr<float>() + id * d, &normed[m * d], d);
-    }
+    parallel_for(n_out, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        float* row = logits + m * head.out;
+        for (int64_t id : top_ids(row, head.out, std::min(rescore, head.out)))
+          row[id] = dot(exact.ptr<float>() + id * d, &normed[m * d], d);
+      }
+    });
   }
 }
 
