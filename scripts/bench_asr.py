@@ -37,13 +37,17 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
     (``own``: the model folder's own) then any of ``+ngram`` / ``+model`` (drafter), ``+diet``
     / ``+qad`` (the vocab-diet / QAD export instead of the model), ``+padN`` (short windows
-    encoded as audio + N s), ``+ov`` / ``+auto``
-    (encoder)."""
+    encoded as audio + N s), ``+batchN+chunkS`` (chunks of at most S s decoded N side by
+    side, batched.py), ``+ov`` / ``+auto`` (encoder)."""
     if fast:
         precision, *parts = fast.split("+")
         drafter = next((p for p in parts if p in ("ngram", "model")), "none")
         pads = [float(p[3:]) for p in parts if p.startswith("pad")]
         window_pad = pads[0] if pads else window_pad
+        batching = {key: cast(p[len(name):]) for p in parts
+                    for name, key, cast in [("batch", "batch_size", int),
+                                            ("chunk", "chunk_length", float)]
+                    if p.startswith(name)}
         encoder = next((ENCODERS[p] for p in parts if p in ENCODERS), "ct2")
         source = (str(diet_model) if "diet" in parts else str(qad_model) if "qad" in parts
                   else model)
@@ -54,6 +58,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = load_model(model, "ct2", threads=threads, encoder=spec.encoder)
     options = TranscribeOptions(beam_size=beam_size, window_pad=window_pad, language=language)
+    if fast:
+        options = replace(options, **batching)
     if ct2:
         options = replace(options, **spec.options)
 

@@ -33,9 +33,15 @@ def test_short_audio_is_one_chunk():
     assert chunk_bounds(np.zeros((80, 0), np.float32), max_frames=1500) == [(0, 0)]
 
 
-def test_batched_transcript_matches_the_reference(base, clips):
+@pytest.fixture(params=["ct2", "fused"])
+def runtime(request, base, live):
+    """CTranslate2's batched generate, or the fused decoder's batched calls."""
+    return base if request.param == "ct2" else live.runtime_for(TranscribeOptions())
+
+
+def test_batched_transcript_matches_the_reference(runtime, clips):
     clip = clips["two_cities"]  # 44 s: three or four chunks of at most 15 s
-    result = base.transcribe(clip.audio, BATCHED)
+    result = runtime.transcribe(clip.audio, BATCHED)
     assert result.stats["windows"] >= result.stats["chunks"] >= 3
     assert wer(clip.reference, result.text) <= 0.05, result.text
     starts = [s.start for s in result.segments]
@@ -48,12 +54,12 @@ def test_batched_transcript_matches_the_reference(base, clips):
     assert text.count("it was the age of wisdom") == 1
 
 
-def test_chunks_with_different_histories_share_a_batch(base, clips):
+def test_chunks_with_different_histories_share_a_batch(runtime, clips):
     """72 s in chunks of up to 30 s: chunks need second windows whose previous-text prompts
     differ in length, which one CTranslate2 batch cannot hold as they are."""
     parts = [clips["two_cities"], clips["endgame_nagg_nell"]]
     audio = np.concatenate([load_audio(c.audio) for c in parts])
-    result = base.transcribe(audio, replace(BATCHED, chunk_length=30, window_pad=2))
+    result = runtime.transcribe(audio, replace(BATCHED, chunk_length=30, window_pad=2))
     assert result.stats["windows"] > result.stats["chunks"] >= 3
     assert wer(" ".join(c.reference for c in parts), result.text) <= 0.05, result.text
 
@@ -86,3 +92,31 @@ def test_chunk_length_must_leave_room(base, clips):
                             TranscribeOptions(batch_size=4, chunk_length=bad))
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         base.transcribe(clips["beckett"].audio, TranscribeOptions(batch_size=-2))
+
+
+def test_fused_batch_gives_each_window_what_it_gets_alone(live, clips):
+    """Windows of several chunks decoded in one batch of fused calls (greedy, n-gram drafts
+    on) get exactly the tokens and scores each gets decoded alone, in fewer calls."""
+    from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+
+    fused = live.runtime_for(TranscribeOptions())
+    fused.drafter_name = "ngram"
+    try:
+        mels = [pad_or_trim(log_mel_spectrogram(load_audio(clips[name].audio), fused.n_mels)
+                            [:, :1000], 1000)
+                for name in ["two_cities", "endgame_nagg_nell", "beckett", "clone-test"]]
+        encoded = fused.encode_batch(np.stack(mels))
+        prompt = fused.tokenizer.prompt([], "en", "transcribe", timestamps=True)
+        options = TranscribeOptions(language="en")
+        alone = [fused.decode(encoded[i : i + 1], prompt, options, 0.0) for i in range(4)]
+        calls = fused.stats["engine_calls"]
+        batched_before = fused.stats["batched_calls"]
+        together = fused.decode_batch(encoded, [prompt] * 4, options)
+    finally:
+        fused.drafter_name = "none"
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert [r.avg_logprob for r in together] == [r.avg_logprob for r in alone]
+    assert [r.no_speech_prob for r in together] == [r.no_speech_prob for r in alone]
+    assert all(len(r.tokens) > 10 for r in alone)
+    batched_calls = fused.stats["batched_calls"] - batched_before
+    assert batched_calls < fused.stats["engine_calls"] - calls

@@ -93,8 +93,6 @@ def test_cli_unknown_model_and_format_guard(clips):
                       ("--chunk-length", "40"), ("--chunk-length", "0")]:
         run = _cli("transcribe", str(clips["beckett"].audio), flag, bad)
         assert run.returncode == 2 and flag in run.stderr, run.stderr
-    run = _cli("transcribe", str(clips["beckett"].audio), "--engine", "fast", "--batch-size", "2")
-    assert run.returncode != 0 and "--batch-size needs --engine ct2" in run.stderr
 
 
 def test_cli_batched_chunks(tmp_path, clips):

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
+from audiofast.asr.batched import transcribe_batched
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import (
+    DecodeOutput,
     Drafter,
+    GreedySearch,
     LogitRules,
     greedy_decode,
+    greedy_decode_batch,
     log_softmax,
     sample_decode,
     sample_decode_forked,
@@ -63,7 +67,9 @@ class FastWhisper:
         self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
         self.seed = seed
         self.generator = np.random.default_rng(seed)
-        self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0}
+        # engine_calls: per window; batched_calls: the calls batched chunks made for them all
+        self.stats = {"engine_calls": 0, "drafted": 0, "accepted": 0, "tokens": 0,
+                      "batched_calls": 0}
 
     def _decoder_weights(self, precision: Precision):
         """The decoder's float weights, or for the fused decoder its packed arrays (from the
@@ -111,6 +117,10 @@ class FastWhisper:
 
     def encode(self, mel_window: np.ndarray) -> np.ndarray:
         return np.array(self.ct2.encode(mel_window))
+
+    def encode_batch(self, mel_windows: np.ndarray) -> np.ndarray:
+        """(batch, n_mels, frames) windows of one length in one encoder call."""
+        return np.array(self.ct2.encode_batch(mel_windows))
 
     def align(self, encoded: np.ndarray, sot_sequence: list[int], texts: list[list[int]],
               num_frames: list[int]) -> list:
@@ -163,6 +173,29 @@ class FastWhisper:
                                          temperature, self.generator)
                            for _ in range(options.best_of)]
             out = max(samples, key=lambda s: s.sum_logprob / (len(s.tokens) + 1))
+        return self._result(out)
+
+    def decode_batch(self, encoded: np.ndarray, prompts: list[list[int]],
+                     options: DecodingOptions, temperature: float = 0.0) -> list[WindowResult]:
+        """Greedy on the fused decoder: every window in one batch (each call feeds every
+        unfinished window's rows and reads the weights once; each row is computed as if alone,
+        so each window gets exactly what :meth:`decode` gives it). Otherwise (sampling, the
+        model drafter, the fp32 reference) one window at a time."""
+        if temperature > 0 or options.beam_size > 1 or not self.engine.can_batch \
+                or self.drafter_name == "model":
+            return [self.decode(encoded[i : i + 1], prompt, options, temperature)
+                    for i, prompt in enumerate(prompts)]
+        if self.ct2.vocab is not None:
+            prompts = [self.ct2.vocab.encode(prompt) for prompt in prompts]
+        searches = [(self.engine.sequence(encoded[i : i + 1]),
+                     GreedySearch(self.engine, prompt, self.rules(options, prompt),
+                                  options.max_new_tokens, self.make_drafter()))
+                    for i, prompt in enumerate(prompts)]
+        outs = greedy_decode_batch(self.engine, searches)
+        self.stats["batched_calls"] += max(out.engine_calls for out in outs)
+        return [self._result(out) for out in outs]
+
+    def _result(self, out: DecodeOutput) -> WindowResult:
         for key in ("engine_calls", "drafted", "accepted"):
             self.stats[key] += getattr(out, key)
         self.stats["tokens"] += len(out.tokens) + 1
@@ -178,8 +211,10 @@ class FastWhisper:
             return transcribe_speech(
                 lambda speech, each: self.transcribe(speech, options, progress, False, each),
                 load_audio(audio), vad_options(vad_filter), on_segment)
-        if options.batch_size:
-            raise ValueError("the fast engine decodes one sequence at a time: use batch size 0 "
-                             "(--batch-size 0), or --engine ct2 for batched chunks")
         self.generator = np.random.default_rng(self.seed)  # same audio, same samples, same text
+        if options.batch_size:  # chunks side by side (batched.py), segments reported at the end
+            result = transcribe_batched(self, load_audio(audio), options, progress)
+            for segment in result.segments if on_segment else []:
+                on_segment(segment)
+            return result
         return transcribe_audio(self, load_audio(audio), options, progress, on_segment)

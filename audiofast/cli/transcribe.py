@@ -122,9 +122,6 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         tuning = apply_cli_preset(args, "asr")
     if args.format == "all" and args.output_dir is None:
         raise SystemExit("audiofast: error: --format all needs --output-dir")
-    if args.engine == "fast" and args.batch_size:
-        raise SystemExit("audiofast: error: --batch-size needs --engine ct2 "
-                         "(the fast engine decodes one sequence at a time)")
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
     options = TranscribeOptions(
         language=args.language, task=args.task, beam_size=args.beam_size,

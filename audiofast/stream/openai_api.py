@@ -4,8 +4,9 @@
 (``file``, ``model``, ``language``, ``prompt``, ``response_format`` = json | text | srt | vtt |
 verbose_json, ``temperature``, ``timestamp_granularities[]``, ``stream``); ``GET /v1/models``
 lists what this server transcribes with. Files are decoded by the live server's own model, one
-at a time under the scheduler's engine lock (live batches wait for the file and the other way
-round: one engine, never two decodes on it at once). ``stream=true`` answers Server-Sent
+at a time (``server.file_lock``: they share the runtime's own window and cache); live batches
+do not wait for a file (each live window decodes over a cache and K/V of its own), so both
+go on side by side. ``stream=true`` answers Server-Sent
 Events, a ``transcript.text.delta`` per segment as soon as its window is decoded (the runtime's
 ``on_segment``), then ``transcript.text.done``. Every failure is OpenAI's error JSON with a
 one-line message; one that happens after a stream started is an ``error`` event.
@@ -50,7 +51,7 @@ class APIError(Exception):
 
 
 def create_app(server: TranscriptionServer) -> FastAPI:
-    """The HTTP API over ``server``'s model and engine lock."""
+    """The HTTP API over ``server``'s model and file lock."""
     app = FastAPI(title="audiofast", docs_url=None, redoc_url=None, openapi_url=None)
     options = server.options
     model_name = server.decoder.spec  # the loaded model, as /v1/models lists it
@@ -118,7 +119,7 @@ def create_app(server: TranscriptionServer) -> FastAPI:
             return _stream(server, audio, decoding)
         t0 = time.perf_counter()
         try:
-            async with server.scheduler.engine_lock:
+            async with server.file_lock:
                 result = await asyncio.to_thread(server.runtime.transcribe, audio, decoding,
                                                  False)
         except ValueError as err:  # e.g. another language on an English-only model
@@ -182,7 +183,7 @@ def _event(event: dict[str, Any]) -> str:
 
 def _stream(server: TranscriptionServer, audio, options: TranscribeOptions) -> StreamingResponse:
     """OpenAI's transcription stream: a delta per segment while the file decodes, then the
-    whole text. The decode is a task of its own (under the engine lock, in a worker thread),
+    whole text. The decode is a task of its own (under the file lock, in a worker thread),
     so it ends and frees the engine whether or not the client stays to read."""
     loop = asyncio.get_running_loop()
     segments: asyncio.Queue[Segment | None] = asyncio.Queue()
@@ -191,7 +192,7 @@ def _stream(server: TranscriptionServer, audio, options: TranscribeOptions) -> S
         loop.call_soon_threadsafe(segments.put_nowait, segment)
 
     async def decode() -> Transcription:
-        async with server.scheduler.engine_lock:
+        async with server.file_lock:
             t0 = time.perf_counter()
             result = await asyncio.to_thread(server.runtime.transcribe, audio, options, False,
                                              False, each)

@@ -99,8 +99,6 @@ class DecodeScheduler:
         self.wake = asyncio.Event()
         self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "decode_failures": 0,
                       "scheduler_restarts": 0, "http_requests": 0, "http_decode_s": 0.0}
-        # One decode on the engine at a time: live batches and HTTP files (openai_api.py).
-        self.engine_lock = asyncio.Lock()
         self.stopping = False  # set on shutdown: ending is expected then
         self._round: list[LiveSession] = []  # sessions of the round in progress
         self._task: asyncio.Task[None] | None = None
@@ -204,9 +202,7 @@ class DecodeScheduler:
         """Decode in a worker thread. If the batch fails, decode its members one at a time,
         so a request that breaks the decoder fails only its own session (None)."""
         try:
-            async with self.engine_lock:
-                return list(await asyncio.to_thread(self.decoder.decode,
-                                                    [r for _, r in batch]))
+            return list(await asyncio.to_thread(self.decoder.decode, [r for _, r in batch]))
         except Exception:
             if len(batch) == 1:
                 self._decode_failed(batch[0][0])
@@ -215,8 +211,7 @@ class DecodeScheduler:
         hyps: list[Hypothesis | None] = []
         for session, request in batch:
             try:
-                async with self.engine_lock:
-                    hyps += await asyncio.to_thread(self.decoder.decode, [request])
+                hyps += await asyncio.to_thread(self.decoder.decode, [request])
             except Exception:
                 self._decode_failed(session)
                 hyps.append(None)

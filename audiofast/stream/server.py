@@ -82,6 +82,11 @@ class TranscriptionServer:
         self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s, draft), self.sessions,
                                          options.batch_window_s, options.max_batch)
         self.stats = self.scheduler.stats
+        # HTTP files (openai_api.py) decode one at a time: they use the runtime's own window
+        # and cache. Live batches do not wait for them: each live window has a cache and
+        # cross-attention K/V of its own (StreamDecoder), so a file and the live sessions
+        # decode side by side, their kernel calls interleaved.
+        self.file_lock = asyncio.Lock()
         self.failures: Counter[str] = Counter()  # sessions ended by each FAILURES code
         self._opening = 0
 
