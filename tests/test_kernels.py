@@ -276,3 +276,20 @@ def test_build_is_keyed_by_its_sources(monkeypatch, tmp_path):
     assert kernels.build_key() not in (first, key)
     assert not kernels.is_built()  # nothing was built for that key
     kernels.build_key.cache_clear()
+
+
+def test_cross_kv_split_to_fp16_heads_as_numpy_rounds(kernel):
+    """The window's projected K/V go to (heads, frames, 64) fp16 in C (F16C): the same bits
+    as numpy's float16 conversion of the same layout, ties, tiny, huge and infinite values
+    included."""
+    heads, frames = 8, 37
+    rng = np.random.default_rng(3)
+    kv = (rng.standard_normal((frames, 2 * heads * 64)) * 10).astype(np.float32)
+    kv.flat[:6] = [65520.0, -1e6, np.inf, 3e-8, 1.00048828125, 2.0 ** -24 * 1.5]  # edges
+    keys, values = kernels.split_heads_f16(kv, heads)
+    for got, half in zip((keys, values), np.split(kv, 2, axis=1), strict=True):
+        want = half.reshape(frames, heads, 64).transpose(1, 0, 2).astype(np.float16)
+        assert got.dtype == np.float16 and got.shape == (heads, frames, 64)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    with pytest.raises(ValueError, match="kv must be"):
+        kernels.split_heads_f16(kv[:, :100], heads)

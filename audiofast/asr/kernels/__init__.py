@@ -136,6 +136,7 @@ def _load(path: Path) -> ctypes.CDLL:
                                                     arrs, arrs, arrs, arrs, arrs, i64, i64, ptr,
                                                     i64]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
+    lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -221,6 +222,21 @@ def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Ar
         ctypes.byref(v), cross_k, cross_v, *(cross_scales or (None, None)), len(cross_k), rescore,
         out.ctypes.data, out.size))
     return out
+
+
+def split_heads_f16(kv: np.ndarray, heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """A window's projected keys and values, ``kv`` (frames, 2 x heads x 64) float32, as the
+    decoder reads them: keys and values (heads, frames, 64) in fp16 (F16C; the same values as
+    numpy's float16 conversion, several times faster)."""
+    kv = np.ascontiguousarray(kv, dtype=np.float32)
+    if kv.ndim != 2 or kv.shape[1] != 2 * heads * 64:
+        raise ValueError(f"split_heads_f16: kv must be (frames, {2 * heads * 64}) float32")
+    frames = kv.shape[0]
+    keys = np.empty((heads, frames, 64), np.float16)
+    values = np.empty((heads, frames, 64), np.float16)
+    _check(_library().audiofast_split_heads_f16(kv.ctypes.data, frames, heads,
+                                                keys.ctypes.data, values.ctypes.data))
+    return keys, values
 
 
 def _pointers(arrays: Sequence[ctypes.Array | Array]) -> ctypes.Array:

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "array.h"
+#include "cross_attention.h"
 #include "decoder_step.h"
 #include "quant_linear.h"
 #include "pool.h"
@@ -82,6 +83,12 @@ int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
     audiofast::check(y_size == rows * L.out, "quant_linear: output buffer of the wrong size");
     audiofast::linear(L, x, rows, y);
   });
+}
+
+// keys, values (heads, frames, 64) fp16 from a window's projected kv (frames, 2 x heads x 64).
+int audiofast_split_heads_f16(const float* kv, int64_t frames, int64_t heads, uint16_t* keys,
+                              uint16_t* values) {
+  return guarded([&] { audiofast::split_heads_f16(kv, frames, heads, keys, values); });
 }
 
 int audiofast_pool_selftest(int64_t n, int64_t throw_at, int64_t* total) {

@@ -55,4 +55,21 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Cro
   });
 }
 
+void split_heads_f16(const float* kv, int64_t frames, int64_t heads, uint16_t* keys,
+                     uint16_t* values) {
+  const int64_t d = heads * kHeadDim;
+  parallel_for(2 * heads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t half = t / heads, h = t % heads;  // half 0: keys, 1: values
+      uint16_t* out = (half ? values : keys) + h * frames * kHeadDim;
+      for (int64_t f = 0; f < frames; ++f) {
+        const float* row = kv + f * 2 * d + half * d + h * kHeadDim;
+        for (int64_t i = 0; i < kHeadDim; i += 8)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + f * kHeadDim + i),
+                           _mm256_cvtps_ph(_mm256_loadu_ps(row + i), _MM_FROUND_TO_NEAREST_INT));
+      }
+    }
+  });
+}
+
 }  // namespace audiofast

@@ -24,4 +24,9 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Cro
 // A window's checks (decoder_forward refuses bad inputs before reading any).
 void check_cross(const CrossKV& window, int64_t heads);
 
+// A window's projected keys and values, kv (frames, 2 x heads x 64) float32 (keys, then
+// values), into (heads, frames, 64) fp16 each, rounded to nearest even (as numpy's float16).
+void split_heads_f16(const float* kv, int64_t frames, int64_t heads, uint16_t* keys,
+                     uint16_t* values);
+
 }  // namespace audiofast
