@@ -61,6 +61,7 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set(title=f"{f} frames", xlabel="sessions in the call", xscale="log", yscale="log")
         ax.set_xticks(sorted({r["sessions"] for r in results}), minor=False)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
     np.atleast_1d(axes)[0].set_ylabel("call time / 1-row step")
     np.atleast_1d(axes)[0].legend(fontsize=7)
     fig.tight_layout()

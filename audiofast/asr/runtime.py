@@ -3,10 +3,11 @@
 A runtime is an encoder (CTranslate2 | OpenVINO) and a decoder (the fused C++ int8 decoder |
 CTranslate2's | the fp32 reference). ``engine`` picks the decoder:
 
-- ``"auto"`` (default): per call, the fused decoder for greedy sequential decoding where its
-  kernels are built (the gated, faster configuration), CTranslate2's for beams and batched
-  chunks, and CTranslate2's everywhere the kernels cannot run. One CTranslate2 model serves
-  both (encoder and fallback decoder); the fused decoder is built on first use.
+- ``"auto"`` (default): per call, the fused decoder for greedy decoding (sequential or
+  batched chunks) where its kernels are built (the gated, faster configuration),
+  CTranslate2's for beams, and CTranslate2's everywhere the kernels cannot run. One
+  CTranslate2 model serves both (encoder and fallback decoder); the fused decoder is built
+  on first use.
 - ``"fast"``: the owned decoder always (drafters, ``precision="fp32"``), greedy only.
 - ``"ct2"``: CTranslate2 alone (any ``compute_type``).
 
@@ -32,13 +33,14 @@ ENGINES = ("auto", "fast", "ct2")
 def auto_engine(options: TranscribeOptions, compute_type: str = "int8",
                 precision: str | None = None, drafter: str = "none") -> str:
     """The decoder ``"auto"`` runs these options on: "fast" (the owned decoder) or "ct2".
-    The owned decoder's own options ask for it; otherwise it is used for greedy, sequential
-    int8 decoding where its kernels are built (not built here: that takes a minute)."""
+    The owned decoder's own options ask for it; otherwise it is used for greedy int8
+    decoding (batched chunks too: several windows per fused call) where its kernels are
+    built (not built here: that takes a minute)."""
     from audiofast.asr import kernels
 
     if drafter != "none" or precision not in (None, "int8"):
         return "fast"
-    greedy = options.beam_size == 1 and not options.batch_size
+    greedy = options.beam_size == 1
     return "fast" if greedy and compute_type == "int8" and kernels.is_built() else "ct2"
 
 
