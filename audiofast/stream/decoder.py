@@ -156,11 +156,11 @@ class StreamDecoder:
         self.stats["windows"] += len(requests)
         hyps: list[Hypothesis] = [None] * len(requests)  # type: ignore[list-item]
         if self.fast is not None:
-            arrays = {f: np.asarray(view) for f, view in encoded.items()}
-            where = {i: (f, row) for f, members in buckets.items()
-                     for row, i in enumerate(members)}
-            windows = [arrays[where[i][0]][where[i][1] : where[i][1] + 1]
-                       for i in range(len(requests))]
+            windows: list[np.ndarray] = [None] * len(requests)  # type: ignore[list-item]
+            for f, members in buckets.items():
+                array = np.asarray(encoded[f])
+                for row, i in enumerate(members):
+                    windows[i] = array[row : row + 1]
             hyps = self._decode_fused(requests, windows, languages)
         else:
             for f, members in buckets.items():
