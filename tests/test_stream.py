@@ -128,6 +128,36 @@ def test_concurrent_sessions_each_get_their_own_transcript(server, base, clips):
     assert any(e["type"] == "partial" for r in results for _, e in r.events)
 
 
+def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
+    """With several sessions due in one round, those a user waits on (an utterance's first
+    words, its close) are decoded in a batch of their own, ahead of the updates of
+    utterances under way: no decoder call mixes the two, and such rounds happened."""
+    thread, url = server
+    decoder = thread.server.decoder
+    real, calls = decoder.decode, []
+
+    def decode(requests: list) -> list:
+        calls.append({r.urgent for r in requests})
+        return real(requests)
+
+    before = thread.server.stats["urgent_first"]
+    decoder.decode = decode  # type: ignore[method-assign]
+    try:
+        async def run_all():
+            return await asyncio.gather(*(stream_audio(url, load_audio(clips[name].audio),
+                                                       speed=2.0)
+                                          for name in ("endgame_nagg_nell", "beckett",
+                                                       "two_cities")))
+
+        results = asyncio.run(run_all())
+    finally:
+        decoder.decode = real  # type: ignore[method-assign]
+    assert all(r.closed and not r.errors for r in results)
+    assert calls and all(len(flags) == 1 for flags in calls), calls
+    assert {True} in calls and {False} in calls
+    assert thread.server.stats["urgent_first"] > before
+
+
 async def _exchange(url, *messages, headers=None, reads=1):
     """Open a session, send messages, return what the server answered and the close code."""
     async with connect(url, additional_headers=headers) as ws:

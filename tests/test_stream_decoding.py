@@ -273,3 +273,28 @@ def test_an_utterance_without_text_yet_is_re_decoded_sooner(base):
             session.apply(Hypothesis(tokens, 0.01, -0.1, False))
     steps = np.diff([onset, *ends[:4]]) / 16000
     assert list(steps.round(1)) == [0.3, 0.3, 0.3, 0.5], ends  # 0.25/0.5 s, 0.1 s frames
+
+
+def test_requests_users_wait_on_are_marked_urgent(base):
+    """An utterance's decodes are urgent until its hypotheses hold text, then not; its
+    closing decode (done ahead when the silence begins, and the close) is urgent again."""
+    from audiofast.stream.session import StreamSession
+    from audiofast.stream.vad import SpeechDetector
+
+    tok = base.tokenizer
+    chunks = iter(range(10**6))
+    # Speech from the 11th to the 80th 32 ms chunk (0.32-2.56 s), then silence.
+    detector = SpeechDetector(model=lambda chunk: float(10 <= next(chunks) < 80))
+    session = StreamSession(tok, StreamOptions(first_chunk_s=0.25, min_chunk_s=0.5), detector)
+    flags, text = [], [tok.timestamp_begin, *tok.encode(" Hello there"), tok.timestamp_begin + 50]
+    for _ in range(60):  # 6 s in 0.1 s frames
+        session.feed(np.zeros(1600, np.float32))
+        request = session.next_request()
+        if request is not None:
+            flags.append(request.urgent)
+            tokens = text if len(flags) > 2 else []
+            session.apply(request.ready or Hypothesis(tokens, 0.01, -0.1, False))
+    # Three decodes before the text (the third brings it), updates, then the close decoded
+    # ahead and the close itself (answered by it).
+    assert len(flags) > 5 and flags[:3] == [True] * 3 and flags[-2:] == [True, True], flags
+    assert not any(flags[3:-2]), flags

@@ -70,6 +70,9 @@ class DecodeRequest:
     # Decoded already (the session's closing decode, done when the silence began): returned
     # as it is.
     ready: Hypothesis | None = None
+    # Someone waits on it: an utterance's first words, or its close (the scheduler decodes
+    # these ahead of the updates of utterances already under way).
+    urgent: bool = False
 
 
 class StreamDecoder:

@@ -97,8 +97,9 @@ class DecodeScheduler:
         self.sessions = sessions
         self.batch_window_s, self.max_batch = batch_window_s, max_batch
         self.wake = asyncio.Event()
-        self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "decode_failures": 0,
-                      "scheduler_restarts": 0, "http_requests": 0, "http_decode_s": 0.0}
+        self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "urgent_first": 0,
+                      "decode_failures": 0, "scheduler_restarts": 0, "http_requests": 0,
+                      "http_decode_s": 0.0}
         self.stopping = False  # set on shutdown: ending is expected then
         self._round: list[LiveSession] = []  # sessions of the round in progress
         self._task: asyncio.Task[None] | None = None
@@ -144,8 +145,18 @@ class DecodeScheduler:
             await asyncio.sleep(self.batch_window_s)
             rotation += 1
             batch = self._collect(rotation)
+            # What users wait on first (first words, closes): those sessions get their events
+            # without waiting for the updates of utterances already under way.
+            urgent = [(s, r) for s, r in batch if r.urgent]
+            rest = [(s, r) for s, r in batch if not r.urgent]
+            if urgent and rest:
+                self.stats["urgent_first"] += 1
+            for i, part in enumerate((urgent, rest)):
+                if part:
+                    # A crash fails the sessions not served yet (their requests are in flight).
+                    self._round = [s for s, _ in (urgent + rest if i == 0 else rest)]
+                    await self._run_batch(part)
             if batch:
-                await self._run_batch(batch)
                 self.wake.set()  # results may make more decodes due
             self._round = []
 

@@ -154,10 +154,10 @@ class StreamSession:
         closed = utt.end is not None and (utt.end <= self.received or self.ending)
         end = min(utt.end, self.received) if closed else self.received
         early = None if closed else self._early_end(utt)
+        heard = bool(utt.committed or utt.previous)
         if early is not None:
             end = early
         elif not closed:
-            heard = utt.committed or utt.previous
             chunk = self.options.min_chunk_s if heard else self.options.first_chunk_s
             if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE:
                 return None
@@ -169,7 +169,8 @@ class StreamSession:
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
-                             self.options.language, self.options.task, prefix, draft, ready)
+                             self.options.language, self.options.task, prefix, draft, ready,
+                             urgent=closed or early is not None or not heard)
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
