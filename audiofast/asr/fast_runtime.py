@@ -192,7 +192,7 @@ class FastWhisper:
                                   options.max_new_tokens, self.make_drafter()))
                     for i, prompt in enumerate(prompts)]
         outs = greedy_decode_batch(self.engine, searches)
-        self.stats["batched_calls"] += max(out.engine_calls for out in outs)
+        self.stats["batched_calls"] += max((out.engine_calls for out in outs), default=0)
         return [self._result(out) for out in outs]
 
     def _result(self, out: DecodeOutput) -> WindowResult:
