@@ -43,6 +43,9 @@ class Case:
     script: list[Any]  # text/binary messages to send, or actions
     expect: str  # "event > event | close": errors by code, partials and finals left out
     bad: bool = True  # a real bad input (counts toward the 200)
+    # Also right: an outcome a race decides (a message sent after "end" may reach the server
+    # once the session has already finished and closed: nothing left to answer it).
+    or_else: str | None = None
     observed: str = ""
     detail: str = ""
 
@@ -138,7 +141,8 @@ def _cases(speech: np.ndarray) -> list[Case]:
               for i, (m, code) in enumerate(odd_messages)]  # 22
     after = [pcm[:3200], b"\x01", END, '{"type": "bogus"}', "{"]
     cases += [Case(f"after-end-{i}", "a message after the end message",
-                   [start, pcm[:3200], END, after[i % 5]], session.format("after_end"))
+                   [start, pcm[:3200], END, after[i % 5]], session.format("after_end"),
+                   or_else=session.format("").replace(" > error:", ""))
               for i in range(10)]
     invalid_utf8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b'{"type": "\xff"}', b"\xf8\x88\x80"]
     cases += [Case(f"invalid-utf8-{i}", f"text frame {raw!r}", [start, READY, ("raw_text", raw)],
@@ -248,7 +252,7 @@ def fault_table(cases: list[Case]) -> str:
     rows = ["| case | input | expected | observed | ok |", "|---|---|---|---|---|"]
     rows += [f"| {c.name} | {cell(c.input)} | {cell(c.expect)} | "
              f"{cell(c.observed)}{'; ' + c.detail if c.detail else ''} | "
-             f"{'yes' if c.observed == c.expect else '**NO**'} |" for c in cases]
+             f"{'yes' if c.observed in (c.expect, c.or_else) else '**NO**'} |" for c in cases]
     return "\n".join(rows) + "\n"
 
 
@@ -285,8 +289,12 @@ def test_fault_suite(live, clips):
     if os.environ.get("AUDIOFAST_FAULT_TABLE"):
         Path(os.environ["AUDIOFAST_FAULT_TABLE"]).write_text(table)
     assert sum(c.bad for c in cases) >= 200  # real bad inputs only: floods are not counted
-    failures = [(c.name, c.expect, c.observed) for c in cases if c.observed != c.expect]
+    failures = [(c.name, c.expect, c.observed) for c in cases
+                if c.observed not in (c.expect, c.or_else)]
     assert not failures, failures
+    # The race goes the server's way only now and then: most messages after "end" are answered.
+    answered = [c.observed == c.expect for c in cases if c.or_else is not None]
+    assert sum(answered) >= len(answered) // 2, [c.observed for c in cases if c.or_else]
     flood_results = Counter(r for f in floods for r in f)
     refused = flood_results["busy"] + flood_results["closed-1013"]  # 1013: try again later
     assert refused >= 3 * (FLOOD - options.max_sessions), flood_results
