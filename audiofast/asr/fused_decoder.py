@@ -191,9 +191,7 @@ class FusedDecoder:
         """One call for several sequences, each (state, tokens, start, last): each one's logit
         rows, equal bit for bit to calling it alone; the weights are read once for all."""
         states = [state for state, *_ in calls]
-        logits = kernels.decoder_forward_batch(
+        return kernels.decoder_forward_batch(
             [tokens for _, tokens, _, _ in calls], [start for *_, start, _ in calls],
             [last for *_, last in calls], self.params, [s.c_cache for s in states],
             [s.cross for s in states], RESCORE_TOP, self.lm_head.out_features)
-        counts = [min(last, np.size(t)) if last > 0 else np.size(t) for _, t, _, last in calls]
-        return np.split(logits, np.cumsum(counts)[:-1])

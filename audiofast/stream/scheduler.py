@@ -154,7 +154,7 @@ class DecodeScheduler:
             for i, part in enumerate((urgent, rest)):
                 if part:
                     # A crash fails the sessions not served yet (their requests are in flight).
-                    self._round = [s for s, _ in (urgent + rest if i == 0 else rest)]
+                    self._round = [s for s, _ in (batch if i == 0 else rest)]
                     await self._run_batch(part)
             if batch:
                 self.wake.set()  # results may make more decodes due

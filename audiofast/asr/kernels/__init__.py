@@ -249,11 +249,11 @@ def _pointers(arrays: Sequence[ctypes.Array | Array]) -> ctypes.Array:
 def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
                           lasts: Sequence[int], params: ctypes.Array,
                           caches: Sequence[tuple[Array, Array]], crosses: Sequence[tuple],
-                          rescore: int, vocab: int) -> np.ndarray:
+                          rescore: int, vocab: int) -> list[np.ndarray]:
     """Several sequences in one call, each its own ``tokens`` at ``starts``, its own cache
     (``caches``: :func:`as_array` of its (layers, 1, heads, n_ctx, 64) K and V) and window
-    (``crosses``: FusedDecoder.project_audio's tuples): the logit rows of every sequence (its
-    last ``lasts`` rows, 0: all), one after the other. Each row equals the same sequence
+    (``crosses``: FusedDecoder.project_audio's tuples): each sequence's logit rows (its last
+    ``lasts`` rows, 0: all). Each row equals the same sequence
     decoded alone, bit for bit: the weights are read once for all of them."""
     n_seq = len(tokens)
     if not (n_seq == len(starts) == len(lasts) == len(caches) == len(crosses)) or not n_seq:
@@ -263,8 +263,8 @@ def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
     rows = np.array([np.size(t) for t in tokens], np.int64)
     start = np.array(starts, np.int64)
     last = np.array(lasts, np.int64)
-    out_rows = int(np.where((last > 0) & (last < rows), last, rows).sum())
-    out = np.empty((out_rows, vocab), dtype=np.float32)
+    out_rows = np.where((last > 0) & (last < rows), last, rows)
+    out = np.empty((int(out_rows.sum()), vocab), dtype=np.float32)
     layers = {len(cross[1]) for cross in crosses}
     if len(layers) != 1 or {cross[3] is None for cross in crosses} not in ({True}, {False}):
         raise ValueError("decoder_forward_batch: every window needs the same layers and K/V type")
@@ -275,7 +275,7 @@ def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
         len(params), _pointers([c[0] for c in caches]), _pointers([c[1] for c in caches]),
         _pointers([c[1] for c in crosses]), _pointers([c[2] for c in crosses]),
         *(scales or (None, None)), layers.pop(), rescore, out.ctypes.data, out.size))
-    return out
+    return np.split(out, np.cumsum(out_rows)[:-1])
 
 
 def pool_selftest(n: int, throw_at: int) -> int:
