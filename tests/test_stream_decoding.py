@@ -298,3 +298,36 @@ def test_requests_users_wait_on_are_marked_urgent(base):
     # ahead and the close itself (answered by it).
     assert len(flags) > 5 and flags[:3] == [True] * 3 and flags[-2:] == [True, True], flags
     assert not any(flags[3:-2]), flags
+
+
+def test_a_blip_heard_as_thank_you_is_dropped_real_words_are_kept(base):
+    """An utterance VAD found in a breath, decoded as "Thank you." that the model doubts
+    (no-speech probability over the threshold) with words unlike speech (unsure, squeezed
+    into milliseconds) makes no final; the same text with confident timing, or without the
+    no-speech doubt, does."""
+    from audiofast.stream.session import StreamSession
+    from audiofast.stream.vad import SpeechDetector
+
+    tok = base.tokenizer
+    text = tok.encode(" Thank you.")
+    tokens = [tok.timestamp_begin, *text, tok.timestamp_begin + 25]
+
+    def finals(no_speech: float, probs: list[float], times: list[float]) -> list[str]:
+        chunks = iter(range(10**6))
+        # Speech from the 11th to the 25th 32 ms chunk (0.32-0.8 s), then silence.
+        detector = SpeechDetector(model=lambda chunk: float(10 <= next(chunks) < 25))
+        session = StreamSession(tok, StreamOptions(), detector)
+        out = []
+        for _ in range(30):  # 3 s in 0.1 s frames
+            session.feed(np.zeros(1600, np.float32))
+            while (request := session.next_request()) is not None:
+                hyp = request.ready or Hypothesis(tokens, no_speech, -0.8, False, times, probs)
+                out += [e["text"] for e in session.apply(hyp) if e["type"] == "final"]
+        return out
+
+    n = len(text)
+    squeezed = [0.1] * n + [0.15]  # every token starts at 0.1 s, the last ends at 0.15
+    spread = [0.1 + 0.2 * i for i in range(n + 1)]
+    assert finals(0.77, [0.01] + [0.8] * (n - 1), squeezed) == []
+    assert finals(0.01, [0.01] + [0.8] * (n - 1), squeezed) == ["Thank you."]
+    assert finals(0.77, [0.9] * n, spread) == ["Thank you."]

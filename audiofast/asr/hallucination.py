@@ -41,7 +41,12 @@ def word_anomaly(word: Word) -> float:
 
 def is_anomalous(segment: Segment) -> bool:
     """Its first words (punctuation aside) are mostly unsure, too short or too long."""
-    words = [w for w in segment.words or [] if w.word.strip() not in PUNCTUATION][:8]
+    return words_anomalous(segment.words or [])
+
+
+def words_anomalous(timed: list[Word]) -> bool:
+    """The first words (punctuation aside) are mostly unsure, too short or too long."""
+    words = [w for w in timed if w.word.strip() not in PUNCTUATION][:8]
     if not words:
         return False
     score = sum(word_anomaly(w) for w in words)

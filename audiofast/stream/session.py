@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from audiofast.asr.hallucination import words_anomalous
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Word
 from audiofast.asr.word_timing import split_words, trim_pauses
@@ -204,11 +205,16 @@ class StreamSession:
         aligned = bool(hyp.text_times) and len(tokens) > 0
         spans = aligned_spans(tokens, tok, hyp.text_times, duration) if aligned \
             else token_spans(tokens, tok, duration)
+        probs = _token_probs(tokens, tok, hyp.text_probs)
+        if silent and aligned and hyp.text_probs and not utt.committed \
+                and words_anomalous(self._words(utt, tokens, spans, probs)):
+            # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
+            # doubts there is speech and its words look unlike speech (offline's rule).
+            tokens, spans, probs = [], [], []
         done = self._skip_committed(utt, tokens, forced, spans if aligned else None)
         if done is None:
             utt.decoded_to = end
             return []
-        probs = _token_probs(tokens, tok, hyp.text_probs)
         tail = tokens[done:]
         if forced:
             agreed = len(tail)
@@ -276,21 +282,29 @@ class StreamSession:
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        words, k = [], 0  # token indices of each word, as word timing groups them
-        for group in split_words([tokens[i] for i in text_at], tok):
-            words.append(text_at[k:k + len(group)])
-            k += len(group)
-        # As offline word timing does: a pause at a sentence's edge goes to no word.
-        timed = trim_pauses([Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
-                                  tok.decode([tokens[i] for i in word]),
-                                  _mean([probs[i] for i in word])) for word in words])
         out = [{"w": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3),
-                "p": w.probability} for w in timed if w.word.strip()]
+                "p": w.probability} for w in self._words(utt, tokens, spans, probs)
+               if w.word.strip()]
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
         if out:  # the words' bounds: a pause trimmed from the last word is not speech
             start, end = out[0]["start"], out[-1]["end"]
         return [{"type": "final", "utterance": utt.index, "text": text,
                  "start": round(start, 3), "end": round(end, 3), "words": out}]
+
+    def _words(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
+               probs: list[float | None]) -> list[Word]:
+        """The tokens' text as timed words (stream seconds, probability = the mean of its
+        tokens'); as offline word timing does, a pause at a sentence's edge goes to no word."""
+        tok = self.tokenizer
+        text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
+        offset = utt.start / SAMPLE_RATE
+        words, k = [], 0  # token indices of each word, as word timing groups them
+        for group in split_words([tokens[i] for i in text_at], tok):
+            words.append(text_at[k:k + len(group)])
+            k += len(group)
+        return trim_pauses([Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
+                                 tok.decode([tokens[i] for i in word]),
+                                 _mean([probs[i] for i in word])) for word in words])
 
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
