@@ -90,9 +90,7 @@ def test_audio_decoder_resamples_stereo_48k_without_losing_the_tone():
 
 @pytest.fixture(scope="module")
 def server(live):
-    # update_batch=1: with 3 sessions, the scheduler's limit on updates per call is tested
-    options = ServerOptions(port=0, max_sessions=3, idle_timeout_s=3.0, max_frame_bytes=64_000,
-                            update_batch=1)
+    options = ServerOptions(port=0, max_sessions=3, idle_timeout_s=3.0, max_frame_bytes=64_000)
     thread = ServerThread(live, options)
     with thread as url:
         yield thread, url
@@ -133,15 +131,13 @@ def test_concurrent_sessions_each_get_their_own_transcript(server, base, clips):
 def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
     """With several sessions due in one round, those a user waits on (an utterance's first
     words, its close) are decoded in a batch of their own, ahead of the updates of
-    utterances under way: no decoder call mixes the two, and such rounds happened. Updates
-    go ``update_batch`` at a time (what came due meanwhile is collected between them), so
-    a close waits for one small batch."""
+    utterances under way: no decoder call mixes the two, and such rounds happened."""
     thread, url = server
     decoder = thread.server.decoder
     real, calls = decoder.decode, []
 
     def decode(requests: list) -> list:
-        calls.append(({r.urgent for r in requests}, len(requests)))
+        calls.append({r.urgent for r in requests})
         return real(requests)
 
     before = thread.server.stats["urgent_first"]
@@ -157,10 +153,8 @@ def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
     finally:
         decoder.decode = real  # type: ignore[method-assign]
     assert all(r.closed and not r.errors for r in results)
-    assert calls and all(len(flags) == 1 for flags, _ in calls), calls
-    assert {True} in [flags for flags, _ in calls] and {False} in [flags for flags, _ in calls]
-    limit = thread.server.options.update_batch
-    assert limit == 1 and all(n <= limit for flags, n in calls if flags == {False}), calls
+    assert calls and all(len(flags) == 1 for flags in calls), calls
+    assert {True} in calls and {False} in calls
     assert thread.server.stats["urgent_first"] > before
 
 

@@ -92,11 +92,10 @@ class DecodeScheduler:
     crashes, and if the supervisor itself ends every session is failed loudly."""
 
     def __init__(self, decoder: StreamDecoder, sessions: dict[int, LiveSession],
-                 batch_window_s: float, max_batch: int, update_batch: int = 2):
+                 batch_window_s: float, max_batch: int):
         self.decoder = decoder
         self.sessions = sessions
         self.batch_window_s, self.max_batch = batch_window_s, max_batch
-        self.update_batch = update_batch
         self.wake = asyncio.Event()
         self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "urgent_first": 0,
                       "decode_failures": 0, "scheduler_restarts": 0, "http_requests": 0,
@@ -145,30 +144,25 @@ class DecodeScheduler:
             self.wake.clear()
             await asyncio.sleep(self.batch_window_s)
             rotation += 1
-            queue = self._collect(rotation)
-            if queue:
+            batch = self._collect(rotation)
+            # What users wait on first (first words, closes): those sessions get their events
+            # without waiting for the updates of utterances already under way.
+            urgent = [(s, r) for s, r in batch if r.urgent]
+            rest = [(s, r) for s, r in batch if not r.urgent]
+            if urgent and rest:
+                self.stats["urgent_first"] += 1
+            for i, part in enumerate((urgent, rest)):
+                if part:
+                    # A crash fails the sessions not served yet (their requests are in flight).
+                    self._round = [s for s, _ in (batch if i == 0 else rest)]
+                    await self._run_batch(part)
+            if batch:
                 self.wake.set()  # results may make more decodes due
-            while queue:
-                # What users wait on first (first words, closes), in a batch of their own;
-                # updates of utterances under way ``update_batch`` at a time, with what became
-                # due meanwhile collected between them: a first word or a close that comes
-                # due waits for one small batch, not for every session's update.
-                part = [(s, r) for s, r in queue if r.urgent] or queue[: self.update_batch]
-                if part[0][1].urgent and len(part) < len(queue):
-                    self.stats["urgent_first"] += 1
-                # A crash fails the sessions not served yet (their requests are in flight).
-                self._round = [s for s, _ in queue]
-                await self._run_batch(part)
-                served = {id(s) for s, _ in part}
-                queue = [(s, r) for s, r in queue if id(s) not in served]
-                queue += self._collect(rotation, len(queue))
             self._round = []
 
-    def _collect(self, rotation: int, queued: int = 0
-                 ) -> list[tuple[LiveSession, DecodeRequest]]:
-        """The requests of sessions with a decode due (at most ``max_batch`` with the
-        ``queued`` ones), rotated for fairness. A session whose VAD is running waits for the
-        next round (its feed wakes the scheduler); one with a request queued has none due."""
+    def _collect(self, rotation: int) -> list[tuple[LiveSession, DecodeRequest]]:
+        """The requests of sessions with a decode due, rotated for fairness. A session whose
+        VAD is running waits for the next round (its feed wakes the scheduler)."""
         live = [s for s in self.sessions.values() if not s.over.is_set()]
         if live:
             live = live[rotation % len(live):] + live[:rotation % len(live)]
@@ -176,7 +170,7 @@ class DecodeScheduler:
         for session in live:
             if session.lock.locked():
                 continue
-            if len(batch) + queued == self.max_batch:
+            if len(batch) == self.max_batch:
                 self.wake.set()  # the rest go next round
                 break
             try:
@@ -189,6 +183,7 @@ class DecodeScheduler:
                 batch.append((session, request))
             elif session.stream.finished:
                 session.finish()
+        self._round = [s for s, _ in batch]
         return batch
 
     async def _run_batch(self, batch: list[tuple[LiveSession, DecodeRequest]]) -> None:

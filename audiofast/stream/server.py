@@ -59,7 +59,6 @@ class ServerOptions:
     max_outbox: int = 256  # events queued for a reader that does not read
     batch_window_s: float = 0.02
     max_batch: int = 8
-    update_batch: int = 2  # updates of utterances under way decoded at a time (scheduler.py)
     stream: StreamOptions = field(default_factory=StreamOptions)
     vad: VadOptions = field(default_factory=VadOptions)
     allow_origins: tuple[str, ...] = ()  # browser origins besides our own page ("*": any)
@@ -81,8 +80,7 @@ class TranscriptionServer:
         self.options = options
         self.sessions: dict[int, LiveSession] = {}
         self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s, draft), self.sessions,
-                                         options.batch_window_s, options.max_batch,
-                                         options.update_batch)
+                                         options.batch_window_s, options.max_batch)
         self.stats = self.scheduler.stats
         # HTTP files (openai_api.py) decode one at a time: they use the runtime's own window
         # and cache. Live batches do not wait for them: each live window has a cache and
