@@ -18,10 +18,11 @@ streamed final word matched to a reference word (same normalised spelling, in or
 as on time when its start and its end are both within 0.2 s of the aligned word's.
 
 A configuration is comma-separated ``key=value``: ``pad`` (seconds of silence appended to a
-buffer), ``retry`` (on a loop: ``full`` re-decodes at 30 s without the prompt; ``prompt``
-first at the same window without the prompt), and the StreamOptions ``chunk``
-(min_chunk_s), ``first`` (first_chunk_s), ``trim`` (trim_after_s), ``early`` (early_close,
-0/1), ``context`` (context_tokens).
+buffer), ``probe`` (... to a buffer searched for an utterance's first words), ``retry`` (on a
+loop: ``full`` re-decodes at 30 s without the prompt; ``prompt`` first at the same window
+without the prompt), and the StreamOptions ``chunk`` (min_chunk_s), ``first``
+(first_chunk_s), ``trim`` (trim_after_s), ``early`` (early_close, 0/1), ``context``
+(context_tokens).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def parse_config(spec: str) -> tuple[dict, dict]:
         key, _, value = item.partition("=")
         if key == "pad":
             decoder["pad_s"] = float(value)
+        elif key == "probe":
+            decoder["probe_pad_s"] = float(value)
         elif key == "retry":
             decoder["loop_retry"] = value
         elif key in OPTION_KEYS:

@@ -277,7 +277,8 @@ def test_an_utterance_without_text_yet_is_re_decoded_sooner(base):
 
 def test_requests_users_wait_on_are_marked_urgent(base):
     """An utterance's decodes are urgent until its hypotheses hold text, then not; its
-    closing decode (done ahead when the silence begins, and the close) is urgent again."""
+    closing decode (done ahead when the silence begins, and the close) is urgent again.
+    Only the decodes looking for the first words are probes, on a shorter window."""
     from audiofast.stream.session import StreamSession
     from audiofast.stream.vad import SpeechDetector
 
@@ -287,17 +288,23 @@ def test_requests_users_wait_on_are_marked_urgent(base):
     detector = SpeechDetector(model=lambda chunk: float(10 <= next(chunks) < 80))
     session = StreamSession(tok, StreamOptions(first_chunk_s=0.25, min_chunk_s=0.5), detector)
     flags, text = [], [tok.timestamp_begin, *tok.encode(" Hello there"), tok.timestamp_begin + 50]
+    probes, windows, decoder = [], [], StreamDecoder(base, pad_s=10.0, probe_pad_s=4.0)
     for _ in range(60):  # 6 s in 0.1 s frames
         session.feed(np.zeros(1600, np.float32))
         request = session.next_request()
         if request is not None:
             flags.append(request.urgent)
+            probes.append(request.probe)
+            windows.append(decoder.window_frames(request) / 100 - len(request.audio) / 16000)
             tokens = text if len(flags) > 2 else []
             session.apply(request.ready or Hypothesis(tokens, 0.01, -0.1, False))
     # Three decodes before the text (the third brings it), updates, then the close decoded
     # ahead and the close itself (answered by it).
     assert len(flags) > 5 and flags[:3] == [True] * 3 and flags[-2:] == [True, True], flags
     assert not any(flags[3:-2]), flags
+    assert probes == [True] * 3 + [False] * (len(probes) - 3), probes
+    pads = np.array(windows)  # seconds of silence each window adds, up to a 2 s bucket
+    assert (pads[:3] >= 4).all() and (pads[:3] < 6).all() and (pads[3:] >= 10).all(), pads
 
 
 def test_a_blip_heard_as_thank_you_is_dropped_real_words_are_kept(base):

@@ -7,6 +7,9 @@ What makes streaming affordable on a small CPU:
   text compresses like a loop (Whisper's own compression-ratio test) or is too long for its
   audio is decoded again without the prompt on the same window - short buffers loop mostly by
   copying the earlier text the prompt holds - and only if that loops too at the full 30 s.
+  Decodes that only look for an utterance's first words (``probe``) get ``probe_pad_s``
+  (4 s): their text is a partial until a full-pad decode agrees, and the first partial comes
+  sooner on a window half as long.
 - **Committed segments are forced, not re-decoded.** Whole Whisper segments (text and
   closing timestamp) that LocalAgreement committed go in as a forced prefix, read in one
   pass instead of one step per token. (Forcing a prefix that ends mid-segment made Whisper
@@ -73,6 +76,9 @@ class DecodeRequest:
     # Someone waits on it: an utterance's first words, or its close (the scheduler decodes
     # these ahead of the updates of utterances already under way).
     urgent: bool = False
+    # Looking for an utterance's first words: decoded with ``probe_pad_s`` of silence. Its
+    # text is only a partial; nothing is committed until a full-pad decode agrees with it.
+    probe: bool = False
 
 
 class StreamDecoder:
@@ -83,7 +89,8 @@ class StreamDecoder:
     kernels are built). ``draft``: verify the previous hypothesis as a draft (fast only)."""
 
     def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
-                 word_timing: bool = True, loop_retry: str = "prompt"):
+                 word_timing: bool = True, loop_retry: str = "prompt",
+                 probe_pad_s: float | None = 4.0):
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
             runtime = runtime.runtime_for(TranscribeOptions())
         self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
@@ -92,6 +99,7 @@ class StreamDecoder:
         self.tokenizer = self.ct2.tokenizer
         self.spec = self.ct2.resolved.spec
         self.pad_s = pad_s
+        self.probe_pad_s = pad_s if probe_pad_s is None else min(probe_pad_s, pad_s)
         self.draft = draft and self.fast is not None
         self.word_timing = word_timing
         if loop_retry not in ("prompt", "full"):
@@ -105,8 +113,10 @@ class StreamDecoder:
                       "batched_calls": 0, "prompt_retry": 0, "full_window": 0}
 
     def window_frames(self, request: DecodeRequest) -> int:
-        """Encoder frames for a buffer: its length plus ``pad_s``, rounded up to a bucket."""
-        seconds = len(request.audio) / SAMPLE_RATE + self.pad_s
+        """Encoder frames for a buffer: its length plus ``pad_s`` (``probe_pad_s`` for a probe),
+        rounded up to a bucket."""
+        pad = self.probe_pad_s if request.probe else self.pad_s
+        seconds = len(request.audio) / SAMPLE_RATE + pad
         return min(N_FRAMES, math.ceil(seconds / BUCKET_S) * BUCKET_S * FRAMES_PER_SECOND)
 
     def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:

@@ -171,7 +171,8 @@ class StreamSession:
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
                              self.options.language, self.options.task, prefix, draft, ready,
-                             urgent=closed or early is not None or not heard)
+                             urgent=closed or early is not None or not heard,
+                             probe=not (closed or early is not None or heard))
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
