@@ -23,6 +23,8 @@ from audiofast.asr.engine import WhisperDecoderEngine
 from audiofast.asr.tokenizer import WhisperTokenizer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from audiofast.asr.fused_decoder import SequenceState
 
 
@@ -109,8 +111,15 @@ def _read_prompt(engine: WhisperDecoderEngine, prompt: list[int], tok: WhisperTo
     fed = prompt + list(forced)
     logits = engine(fed, 0, last=len(fed) - sot)
     no_speech = float(np.exp(log_softmax(logits[0])[tok.no_speech]))
-    limit = len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
-    return DecodeOutput(list(forced), 0.0, no_speech, engine_calls=1), logits[-1], limit
+    return (DecodeOutput(list(forced), 0.0, no_speech, engine_calls=1), logits[-1],
+            _output_limit(engine, fed, forced, max_new_tokens))
+
+
+def _output_limit(engine: WhisperDecoderEngine, fed: list[int], forced: Sequence[int],
+                  max_new_tokens: int) -> int:
+    """How long the output may grow: ``max_new_tokens`` past the forced prefix, inside the
+    decoder's context after the ``fed`` prompt and prefix."""
+    return len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
 
 
 class GreedySearch:
@@ -131,7 +140,7 @@ class GreedySearch:
         fed = prompt + list(forced)
         self.call: tuple[list[int], int, int] | None = (fed, 0, len(fed) - sot)
         self.out = DecodeOutput(list(forced), 0.0, float("nan"))
-        self.limit = len(forced) + min(max_new_tokens, engine.n_ctx - len(fed) - 1)
+        self.limit = _output_limit(engine, fed, forced, max_new_tokens)
         self.position = len(fed)
         self._draft: list[int] = []
 
