@@ -90,7 +90,7 @@ class StreamDecoder:
 
     def __init__(self, runtime, pad_s: float = 10.0, draft: bool = True,
                  word_timing: bool = True, loop_retry: str = "prompt",
-                 probe_pad_s: float | None = 4.0):
+                 probe_pad_s: float = 4.0):
         if hasattr(runtime, "runtime_for"):  # auto: the decoder greedy decoding runs on
             runtime = runtime.runtime_for(TranscribeOptions())
         self.fast = runtime if hasattr(runtime, "engine") else None  # None: CTranslate2
@@ -99,7 +99,7 @@ class StreamDecoder:
         self.tokenizer = self.ct2.tokenizer
         self.spec = self.ct2.resolved.spec
         self.pad_s = pad_s
-        self.probe_pad_s = pad_s if probe_pad_s is None else min(probe_pad_s, pad_s)
+        self.probe_pad_s = min(probe_pad_s, pad_s)
         self.draft = draft and self.fast is not None
         self.word_timing = word_timing
         if loop_retry not in ("prompt", "full"):

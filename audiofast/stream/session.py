@@ -168,11 +168,11 @@ class StreamSession:
         # What the last decode said after the prefix: the draft the new decode verifies.
         draft = utt.committed[len(prefix):] + utt.previous
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
+        closing = closed or early is not None
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
                              self.options.language, self.options.task, prefix, draft, ready,
-                             urgent=closed or early is not None or not heard,
-                             probe=not (closed or early is not None or heard))
+                             urgent=closing or not heard, probe=not (closing or heard))
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
