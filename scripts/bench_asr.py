@@ -32,16 +32,18 @@ Engine = Callable[[Path], dict]
 def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None = None,
                      window_pad: float | None = None, language: str | None = None,
                      draft_model: Path | None = None, diet_model: Path | None = None,
-                     ct2: str | None = None, qad_model: Path | None = None) -> Engine:
+                     ct2: str | None = None, qad_model: Path | None = None,
+                     block_model: Path | None = None) -> Engine:
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
-    (``own``: the model folder's own) then any of ``+ngram`` / ``+model`` (drafter), ``+diet``
+    (``own``: the model folder's own) then any of ``+ngram`` / ``+model`` / ``+block``
+    (drafter; ``+norefine``: the block drafter's first pass only), ``+diet``
     / ``+qad`` (the vocab-diet / QAD export instead of the model), ``+padN`` (short windows
     encoded as audio + N s), ``+batchN+chunkS`` (chunks of at most S s decoded N side by
     side, batched.py), ``+ov`` / ``+auto`` (encoder)."""
     if fast:
         precision, *parts = fast.split("+")
-        drafter = next((p for p in parts if p in ("ngram", "model")), "none")
+        drafter = next((p for p in parts if p in ("ngram", "model", "block")), "none")
         pads = [float(p[3:]) for p in parts if p.startswith("pad")]
         window_pad = pads[0] if pads else window_pad
         batching = {key: cast(p[len(name):]) for p in parts
@@ -53,7 +55,9 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
                   else model)
         runtime = load_model(source, "fast", threads=threads,
                              precision=None if precision == "own" else precision, drafter=drafter,
-                             draft_model=draft_model, encoder=encoder)
+                             draft_model=block_model if drafter == "block" else draft_model,
+                             encoder=encoder)
+        runtime.block_refine = "norefine" not in parts
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = load_model(model, "ct2", threads=threads, encoder=spec.encoder)
@@ -297,6 +301,9 @@ def main() -> None:
                         help="owned-engine rows, e.g. fp32 int8+ngram int8+model+diet+pad10")
     parser.add_argument("--draft-model", type=Path, default=None,
                         help="draft decoder for +model rows (audiofast distill --stage drafter)")
+    parser.add_argument("--block-model", type=Path, default=None,
+                        help="block drafter for +block rows (audiofast distill --stage drafter "
+                        "--kind block)")
     parser.add_argument("--diet-model", type=Path, default=None,
                         help="vocab-diet export for +diet rows (audiofast distill --stage vocab)")
     parser.add_argument("--qad-model", type=Path, default=None,
@@ -349,6 +356,7 @@ def main() -> None:
             **{f"audiofast-fast-{f}/{model}": audiofast_engine(
                 model, args.threads, args.beam_size, f, language=args.language,
                 draft_model=args.draft_model, diet_model=args.diet_model,
+                block_model=args.block_model,
                 qad_model=args.qad_model)
                for f in args.fast},
             **{f"audiofast-ct2-pad{p:g}/{model}": audiofast_engine(

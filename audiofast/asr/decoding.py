@@ -90,6 +90,13 @@ class Drafter(Protocol):
     def feedback(self, drafted: int, accepted: int) -> None: ...
 
 
+class HiddenStateDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden state (the block drafter): ``observe`` gets
+    the row that chose the context's last token, just before ``propose``."""
+
+    def observe(self, hidden: np.ndarray) -> None: ...
+
+
 @dataclass
 class DecodeOutput:
     tokens: list[int]
@@ -144,11 +151,13 @@ class GreedySearch:
         self.position = len(fed)
         self._draft: list[int] = []
 
-    def advance(self, rows: np.ndarray) -> None:
+    def advance(self, rows: np.ndarray, hidden: np.ndarray | None = None) -> None:
+        """Take the call's logit ``rows`` (and, for a drafter that reads them, the rows'
+        ``hidden`` states)."""
         out, tok = self.out, self.rules.tokenizer
         if out.engine_calls == 0:  # the prompt: no-speech is read at the start of transcript
             out.no_speech_prob = float(np.exp(log_softmax(rows[0])[tok.no_speech]))
-            last = rows[-1]
+            chosen_by = len(rows) - 1
         else:
             accepted = 0
             for j, guess in enumerate(self._draft):  # rows[j] predicts what follows draft[j-1]
@@ -164,15 +173,17 @@ class GreedySearch:
                 out.accepted += accepted
                 out.accepted_per_call.append(accepted + 1)
             self.position += 1 + accepted
-            last = rows[accepted]
+            chosen_by = accepted
         out.engine_calls += 1
-        logprobs = log_softmax(self.rules.apply(last, out.tokens))
+        logprobs = log_softmax(self.rules.apply(rows[chosen_by], out.tokens))
         token = int(logprobs.argmax())
         out.sum_logprob += float(logprobs[token])
         if token == tok.eot or len(out.tokens) >= self.limit:
             self.call = None
             return
         out.tokens.append(token)
+        if hasattr(self.drafter, "observe"):
+            self.drafter.observe(None if hidden is None else hidden[chosen_by])
         draft = self.drafter.propose(self.prompt + out.tokens) if self.drafter else []
         self._draft = draft[: min(max(0, self.limit - len(out.tokens)),
                                   self._known_prefix(draft))]
@@ -192,7 +203,8 @@ def greedy_decode(
     while search.call is not None:
         tokens, start, last = search.call
         # Drafted rows are verified exactly as single steps (rowwise); the prompt needs not.
-        search.advance(engine(tokens, start, rowwise=not prompt_call, last=last))
+        rows = engine(tokens, start, rowwise=not prompt_call, last=last)
+        search.advance(rows, engine.last_hidden)
         prompt_call = False
     return search.out
 
@@ -206,8 +218,9 @@ def greedy_decode_batch(engine: WhisperDecoderEngine,
     active = list(searches)
     while active:
         logits = engine.forward_batch([(state, *search.call) for state, search in active])
-        for (_, search), rows in zip(active, logits, strict=True):
-            search.advance(rows)
+        hidden = engine.last_hidden or [None] * len(active)
+        for (_, search), rows, states in zip(active, logits, hidden, strict=True):
+            search.advance(rows, states)
         active = [(state, search) for state, search in active if search.call is not None]
     return [search.out for _, search in searches]
 

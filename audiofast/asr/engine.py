@@ -160,6 +160,13 @@ class WhisperDecoderEngine:
         return self._to_full_logits(logits)
 
     @property
+    def last_hidden(self) -> np.ndarray | list[np.ndarray] | None:
+        """The final-norm hidden states behind the last call's logit rows (one array; after
+        :meth:`forward_batch`, one per sequence): a block drafter's input. None where the
+        backend does not give them (the fp32 reference)."""
+        return getattr(self.backend, "hidden", None)
+
+    @property
     def can_fork(self) -> bool:
         """Whether :meth:`fork` works: several sequences decoded side by side (fused int8)."""
         return self.precision == "int8"

@@ -65,6 +65,8 @@ class FastWhisper:
         self.drafter_name = drafter
         self.draft_model = draft_model
         self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
+        self._block_weights = None  # (folder, a block drafter's arrays), loaded on first use
+        self.block_refine = True  # the block drafter's second (Markov) pass
         self.seed = seed
         self.generator = np.random.default_rng(seed)
         # engine_calls: per window; batched_calls: the calls batched chunks made for them all
@@ -113,7 +115,24 @@ class FastWhisper:
                     self.draft_model, self.engine.precision, special_from=self.tokenizer.eot,
                     timestamps_from=self.tokenizer.timestamp_begin)
             return self._model_drafter
-        raise ValueError(f"unknown drafter {self.drafter_name!r}: none, ngram or model")
+        if self.drafter_name == "block":
+            return self._block_drafter()
+        raise ValueError(f"unknown drafter {self.drafter_name!r}: none, ngram, model or block")
+
+    def _block_drafter(self) -> Drafter:
+        """A block drafter for one sequence (each window of a batch gets its own; the weights
+        are loaded once)."""
+        from audiofast.asr.drafters.block import BlockDrafter, BlockDraftWeights
+
+        if self.draft_model is None:
+            raise ValueError("--drafter block needs --draft-model DIR (train one: audiofast "
+                             "distill --stage drafter --kind block)")
+        if weight_bits(self.engine.precision) is None or self.ct2.vocab is not None:
+            raise ValueError("--drafter block reads the fused decoder's hidden states: it "
+                             "needs --precision int8 or int4 and a full-vocabulary model")
+        if self._block_weights is None or self._block_weights[0] != self.draft_model:
+            self._block_weights = (self.draft_model, BlockDraftWeights(self.draft_model))
+        return BlockDrafter(self._block_weights[1], self.engine.embed, self.block_refine)
 
     def encode(self, mel_window: np.ndarray) -> np.ndarray:
         return np.array(self.ct2.encode(mel_window))

@@ -124,6 +124,9 @@ class FusedDecoder:
         self.k_cache = np.zeros(shape, np.float32)
         self.v_cache = np.zeros(shape, np.float32)
         self.forked_k = self.forked_v = np.zeros(0, np.float32)  # fork()'s, kept between windows
+        # The last call's logit rows as the head read them (final-norm hidden states): the
+        # block drafter's input. One array, or one per sequence after a batch.
+        self.hidden: np.ndarray | list[np.ndarray] | None = None
 
     def tensors(self) -> dict[str, np.ndarray]:
         return self._tensors
@@ -160,9 +163,11 @@ class FusedDecoder:
                  rowwise: bool = False) -> np.ndarray:
         """Logits of ``tokens`` at ``start``; every row is computed as if fed alone, so
         ``rowwise`` (draft verification) needs nothing extra here."""
+        rows = min(last, len(tokens)) if last > 0 else len(tokens)
+        self.hidden = np.empty((rows, self.d_model), np.float32)
         return kernels.decoder_forward(tokens, start, last, self.params, self.k_cache,
                                        self.v_cache, cross[1], cross[2], RESCORE_TOP,
-                                       self.lm_head.out_features, cross[3])
+                                       self.lm_head.out_features, cross[3], self.hidden)
 
     def fork(self, copies: int, length: int) -> None:
         """Caches for ``copies`` sequences, each starting with the main cache's first
@@ -191,7 +196,12 @@ class FusedDecoder:
         """One call for several sequences, each (state, tokens, start, last): each one's logit
         rows, equal bit for bit to calling it alone; the weights are read once for all."""
         states = [state for state, *_ in calls]
-        return kernels.decoder_forward_batch(
+        rows = [min(last, len(tokens)) if last > 0 else len(tokens)
+                for _, tokens, _, last in calls]
+        hidden = np.empty((sum(rows), self.d_model), np.float32)
+        logits = kernels.decoder_forward_batch(
             [tokens for _, tokens, _, _ in calls], [start for *_, start, _ in calls],
             [last for *_, last in calls], self.params, [s.c_cache for s in states],
-            [s.cross for s in states], RESCORE_TOP, self.lm_head.out_features)
+            [s.cross for s in states], RESCORE_TOP, self.lm_head.out_features, hidden)
+        self.hidden = np.split(hidden, np.cumsum(rows)[:-1])
+        return logits

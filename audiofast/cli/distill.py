@@ -20,6 +20,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                    "cfg / steps / qad: the SA3 stages (qad --lane asr: the Whisper decoder)")
     p.add_argument("--lane", choices=["asr", "sa3"], default=None,
                    help="for qad: which lane (default: sa3; --bits implies asr)")
+    p.add_argument("--kind", choices=["model", "block"], default="model",
+                   help="drafter: a 2-layer draft decoder (model) or a block drafter that "
+                   "guesses several tokens per pass from the target's hidden state (block)")
     p.add_argument("--bits", type=int, choices=[4], default=None,
                    help="ASR qad: the decoder layers' weight bits")
     p.add_argument("--head-bits", type=int, choices=[8, 4], default=8,
@@ -69,6 +72,11 @@ def _run_distill(args: argparse.Namespace) -> int:
     if args.stage == "vocab":
         recipe = VocabDietRecipe(keep=args.keep, **given)
         out = distill_vocab(args.model, recipe, workdir, args.out, args.threads)
+    elif args.kind == "block":
+        from audiofast.distill.asr_block import BlockDrafterRecipe, distill_block_drafter
+
+        recipe = BlockDrafterRecipe(head_keep=args.keep, **given)
+        out = distill_block_drafter(args.model, recipe, workdir, args.out, args.threads)
     else:
         recipe = DrafterRecipe(head_keep=args.keep, **given)
         out = distill_drafter(args.model, recipe, workdir, args.out, args.threads)

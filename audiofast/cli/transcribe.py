@@ -42,10 +42,11 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
                         "lossless); int4 / int4-head8 / int8-head4 (int4 weights in groups of "
                         "64 in every linear, the layers, or the head); or fp32 (the eager "
                         "reference decoder, slower)")
-    p.add_argument("--drafter", choices=["none", "ngram", "model"], default="none",
+    p.add_argument("--drafter", choices=["none", "ngram", "model", "block"], default="none",
                    help="fast engine: drafted tokens verified by the model (lossless)")
     p.add_argument("--draft-model", type=Path, default=None,
-                   help="--drafter model: a draft decoder from 'audiofast distill --stage drafter'")
+                   help="--drafter model / block: a drafter from 'audiofast distill --stage "
+                   "drafter [--kind block]'")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     p.add_argument("--word-timestamps", action="store_true",
                    help="time every word from the model's cross-attention: words with "

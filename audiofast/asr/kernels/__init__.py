@@ -130,11 +130,11 @@ def _load(path: Path) -> ctypes.CDLL:
     i64, ptr, arr = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(Array)
     lib.audiofast_last_error.restype = ctypes.c_char_p
     lib.audiofast_decoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64, arr, arr, arr, arr,
-                                              arr, arr, i64, i64, ptr, i64]
+                                              arr, arr, i64, i64, ptr, i64, ptr]
     arrs = ctypes.POINTER(arr)
     lib.audiofast_decoder_forward_batch.argtypes = [ptr, i64, ptr, ptr, ptr, arr, i64, arrs,
                                                     arrs, arrs, arrs, arrs, arrs, i64, i64, ptr,
-                                                    i64]
+                                                    i64, ptr]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
@@ -189,30 +189,45 @@ def uses_vnni() -> bool:
     return bool(_library().audiofast_uses_vnni())
 
 
-def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray]) -> np.ndarray:
+def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray] | ctypes.Array) -> np.ndarray:
     """(rows, in) float32 -> (rows, out) through one packed linear: int8 (packed weight,
     per-channel scale, weight row sums, bias; int8_pack.py) or int4 (packed uint8 weight,
-    per-group fp16 scales, zero terms, bias; int4_pack.py)."""
+    per-group fp16 scales, zero terms, bias; int4_pack.py). ``linear``: the four arrays, or
+    :func:`as_arrays` of them built once (small linears called often: a drafter's)."""
     if len(linear) != 4:
         raise ValueError("quant_linear takes (weight, scales, zero-point terms, bias)")
-    arrays = as_arrays(linear)  # type and layout checked before any size is read
+    # type and layout checked before any size is read
+    arrays = linear if isinstance(linear, ctypes.Array) else as_arrays(linear)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError("quant_linear: x must be (rows, in) float32")
-    y = np.empty((x.shape[0], linear[3].size), dtype=np.float32)
+    y = np.empty((x.shape[0], arrays[3].shape[0]), dtype=np.float32)
     _check(_library().audiofast_quant_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
                                              y.ctypes.data, y.size))
     return y
 
 
+def _hidden_pointer(hidden: np.ndarray | None, rows: int, width: int) -> int | None:
+    """Where the kernel writes the logit rows' hidden states: ``hidden`` must be a float32
+    (rows, width) C array, width the embedding's (params[0]; the kernel trusts its size)."""
+    if hidden is None:
+        return None
+    if (hidden.dtype != np.float32 or hidden.shape != (rows, width)
+            or not hidden.flags.c_contiguous):
+        raise ValueError(f"hidden must be a C-contiguous float32 ({rows}, {width}) array")
+    return hidden.ctypes.data
+
+
 def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Array,
                     k_cache: np.ndarray, v_cache: np.ndarray, cross_k: ctypes.Array,
                     cross_v: ctypes.Array, rescore: int, vocab: int,
-                    cross_scales: tuple[ctypes.Array, ctypes.Array] | None = None) -> np.ndarray:
+                    cross_scales: tuple[ctypes.Array, ctypes.Array] | None = None,
+                    hidden: np.ndarray | None = None) -> np.ndarray:
     """Logits (rows, or the last ``last``, x ``vocab``) of ``tokens`` through every decoder
     layer; ``params``, ``cross_k``, ``cross_v`` (and for int8 K/V ``cross_scales``, per layer
     (heads, frames) float32): :func:`as_arrays` of the decoder's arrays (fused_decoder.py),
-    built once and kept alive by the caller."""
+    built once and kept alive by the caller. ``hidden``, if given, (logit rows, width)
+    float32, receives those rows' final-norm hidden states (what the head reads)."""
     tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
     rows = tokens.shape[0]
     out = np.empty((min(last, rows) if last > 0 else rows, vocab), dtype=np.float32)
@@ -220,7 +235,7 @@ def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Ar
     _check(_library().audiofast_decoder_forward(
         tokens.ctypes.data, rows, start, last, params, len(params), ctypes.byref(k),
         ctypes.byref(v), cross_k, cross_v, *(cross_scales or (None, None)), len(cross_k), rescore,
-        out.ctypes.data, out.size))
+        out.ctypes.data, out.size, _hidden_pointer(hidden, out.shape[0], params[0].shape[1])))
     return out
 
 
@@ -249,12 +264,14 @@ def _pointers(arrays: Sequence[ctypes.Array | Array]) -> ctypes.Array:
 def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
                           lasts: Sequence[int], params: ctypes.Array,
                           caches: Sequence[tuple[Array, Array]], crosses: Sequence[tuple],
-                          rescore: int, vocab: int) -> list[np.ndarray]:
+                          rescore: int, vocab: int, hidden: np.ndarray | None = None
+                          ) -> list[np.ndarray]:
     """Several sequences in one call, each its own ``tokens`` at ``starts``, its own cache
     (``caches``: :func:`as_array` of its (layers, 1, heads, n_ctx, 64) K and V) and window
     (``crosses``: FusedDecoder.project_audio's tuples): each sequence's logit rows (its last
     ``lasts`` rows, 0: all). Each row equals the same sequence
-    decoded alone, bit for bit: the weights are read once for all of them."""
+    decoded alone, bit for bit: the weights are read once for all of them. ``hidden``: as
+    :func:`decoder_forward`'s, all sequences' logit rows in order."""
     n_seq = len(tokens)
     if not (n_seq == len(starts) == len(lasts) == len(caches) == len(crosses)) or not n_seq:
         raise ValueError("decoder_forward_batch: one start, last, cache and window per sequence")
@@ -274,7 +291,8 @@ def decoder_forward_batch(tokens: Sequence[np.ndarray], starts: Sequence[int],
         ids.ctypes.data, n_seq, start.ctypes.data, rows.ctypes.data, last.ctypes.data, params,
         len(params), _pointers([c[0] for c in caches]), _pointers([c[1] for c in caches]),
         _pointers([c[1] for c in crosses]), _pointers([c[2] for c in crosses]),
-        *(scales or (None, None)), layers.pop(), rescore, out.ctypes.data, out.size))
+        *(scales or (None, None)), layers.pop(), rescore, out.ctypes.data, out.size,
+        _hidden_pointer(hidden, out.shape[0], params[0].shape[1])))
     return np.split(out, np.cumsum(out_rows)[:-1])
 
 

@@ -47,11 +47,11 @@ int audiofast_decoder_forward(const int64_t* ids, int64_t rows, int64_t start, i
                               const audiofast::Array* cross_k_scale,
                               const audiofast::Array* cross_v_scale,
                               int64_t n_cross, int64_t rescore, float* logits,
-                              int64_t logits_size) {
+                              int64_t logits_size, float* hidden) {
   return guarded([&] {
     audiofast::decoder_forward(ids, rows, start, last, params, n_params, *k_cache, *v_cache,
                                cross_k, cross_v, cross_k_scale, cross_v_scale, n_cross,
-                               rescore, logits, logits_size);
+                               rescore, logits, logits_size, hidden);
   });
 }
 
@@ -66,11 +66,11 @@ int audiofast_decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int
                                     const audiofast::Array* const* cross_k_scale,
                                     const audiofast::Array* const* cross_v_scale,
                                     int64_t n_cross, int64_t rescore, float* logits,
-                                    int64_t logits_size) {
+                                    int64_t logits_size, float* hidden) {
   return guarded([&] {
     audiofast::decoder_forward_batch(ids, n_seq, starts, rows, lasts, params, n_params, k_caches,
                                      v_caches, cross_k, cross_v, cross_k_scale, cross_v_scale,
-                                     n_cross, rescore, logits, logits_size);
+                                     n_cross, rescore, logits, logits_size, hidden);
   });
 }
 

@@ -123,7 +123,7 @@ std::vector<int64_t> top_ids(const float* logits, int64_t n, int64_t k) {
 void decoder_forward_sequences(const int64_t* ids, const std::vector<SequenceCall>& sequences,
                                int64_t layers, int64_t heads, int64_t n_ctx,
                                const Array* params, int64_t n_params, int64_t rescore,
-                               float* logits, int64_t logits_size) {
+                               float* logits, int64_t logits_size, float* hidden_out) {
   check(!sequences.empty(), "decoder_forward: nothing to decode");
   check(n_params > kLayers, "decoder_forward: parameters do not match the cache's layer count");
   const Array& embed = params[kEmbed];
@@ -214,6 +214,7 @@ void decoder_forward_sequences(const int64_t* ids, const std::vector<SequenceCal
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   for (int64_t j = 0; j < n_out; ++j) std::copy_n(xp + out_rows[j] * d, d, attn.data() + j * d);
   layer_norm(attn.data(), params[kFinalNorm], params[kFinalNorm + 1], n_out, d, normed.data());
+  if (hidden_out) std::copy_n(normed.data(), n_out * d, hidden_out);  // block drafter's input
   const auto head = linear_at(params, kHead);
   check(logits_size == n_out * head.out, "decoder_forward: logits buffer of the wrong size");
   linear(head, normed.data(), n_out, logits);
@@ -236,7 +237,7 @@ void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t la
                      const Array* params, int64_t n_params, const Array& k_cache,
                      const Array& v_cache, const Array* cross_k, const Array* cross_v,
                      const Array* cross_k_scale, const Array* cross_v_scale, int64_t n_cross,
-                     int64_t rescore, float* logits, int64_t logits_size) {
+                     int64_t rescore, float* logits, int64_t logits_size, float* hidden) {
   check(rows > 0, "decoder_forward: tokens must be a non-empty 1-D int64 array");
   check_cache(k_cache, v_cache);
   const int64_t layers = k_cache.size(0), sequences = k_cache.size(1);
@@ -254,7 +255,7 @@ void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t la
                      v_cache.ptr<float>() + s * per_sequence, sequences * per_sequence, cross_k,
                      cross_v, cross_k_scale, cross_v_scale});
   decoder_forward_sequences(ids, calls, layers, heads, n_ctx, params, n_params, rescore, logits,
-                            logits_size);
+                            logits_size, hidden);
 }
 
 void decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int64_t* starts,
@@ -263,7 +264,7 @@ void decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int64_t* sta
                            const Array* const* v_caches, const Array* const* cross_k,
                            const Array* const* cross_v, const Array* const* cross_k_scale,
                            const Array* const* cross_v_scale, int64_t n_cross, int64_t rescore,
-                           float* logits, int64_t logits_size) {
+                           float* logits, int64_t logits_size, float* hidden) {
   check(n_seq > 0, "decoder_forward_batch: no sequences");
   const Array& first = *k_caches[0];
   std::vector<SequenceCall> calls;
@@ -280,7 +281,7 @@ void decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int64_t* sta
   check(n_cross == first.size(0),
         "decoder_forward_batch: parameters do not match the cache's layer count");
   decoder_forward_sequences(ids, calls, first.size(0), first.size(2), first.size(3), params,
-                            n_params, rescore, logits, logits_size);
+                            n_params, rescore, logits, logits_size, hidden);
 }
 
 }  // namespace audiofast

@@ -23,13 +23,14 @@ struct SequenceCall {
 
 // Every sequence's tokens (ids: their rows one sequence after the other) through every layer;
 // logits (each sequence's logit rows, in order) written to `logits`, with each row's top
-// `rescore` recomputed from the fp32 head. params: as fused_decoder.FusedDecoder lists them;
+// `rescore` recomputed from the fp32 head, and (unless null) the same rows' final-norm hidden
+// states, (rows, width), to `hidden`. params: as fused_decoder.FusedDecoder lists them;
 // caches are written at the fed positions. Each row is computed as if fed alone, so a
 // sequence's logits do not depend on the other sequences of the call.
 void decoder_forward_sequences(const int64_t* ids, const std::vector<SequenceCall>& sequences,
                                int64_t layers, int64_t heads, int64_t n_ctx,
                                const Array* params, int64_t n_params, int64_t rescore,
-                               float* logits, int64_t logits_size);
+                               float* logits, int64_t logits_size, float* hidden = nullptr);
 
 // One call's sequences from one cache array. tokens ids (rows,) at positions start .. start +
 // rows - 1 (or, with a cache of several sequences, one token per sequence at position start:
@@ -40,7 +41,8 @@ void decoder_forward(const int64_t* ids, int64_t rows, int64_t start, int64_t la
                      const Array* params, int64_t n_params, const Array& k_cache,
                      const Array& v_cache, const Array* cross_k, const Array* cross_v,
                      const Array* cross_k_scale, const Array* cross_v_scale, int64_t n_cross,
-                     int64_t rescore, float* logits, int64_t logits_size);
+                     int64_t rescore, float* logits, int64_t logits_size,
+                     float* hidden = nullptr);
 
 // Several sequences, each with its own cache (layers, 1, heads, n_ctx, 64) and window: row
 // counts, starts and `last`s per sequence; per sequence a pointer to its `n_cross` (= layers)
@@ -51,6 +53,6 @@ void decoder_forward_batch(const int64_t* ids, int64_t n_seq, const int64_t* sta
                            const Array* const* v_caches, const Array* const* cross_k,
                            const Array* const* cross_v, const Array* const* cross_k_scale,
                            const Array* const* cross_v_scale, int64_t n_cross, int64_t rescore,
-                           float* logits, int64_t logits_size);
+                           float* logits, int64_t logits_size, float* hidden = nullptr);
 
 }  // namespace audiofast
