@@ -12,6 +12,8 @@ turn) at real-time pace over loopback. Reported per N:
 - end lag: seconds from the last audio frame to ``closed`` (bounded = real time held)
 - WER of the concatenated finals against the references, beside the offline transcript's
 - server RSS (peak, from /proc) — the server runs as its own process
+- host steal: the share of CPU time the VM's host took during the row (/proc/stat); rows
+  with a large one are not comparable with the rest
 - the decoder's work from the server's /health: tokens per decoder call (the previous
   hypothesis as a draft) and milliseconds of decoder time per decoded token, and the share
   of decode time spent in the encoder
@@ -131,13 +133,32 @@ async def run_clients(url: str, clips: list, n: int) -> list[dict]:
     return rows
 
 
+def cpu_times() -> list[int]:
+    """This machine's CPU time counters (/proc/stat's first line: user ... steal); empty where
+    there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return []
+
+
+def steal_share(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the host took from this VM between two :func:`cpu_times`
+    (field 8, steal): rows run with a large one are not comparable with the rest."""
+    if len(before) < 8 or len(after) < 8:
+        return None
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    return delta[7] / max(1, sum(delta[:8]))
+
+
 def health(port: int) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
         return json.loads(response.read())
 
 
 def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
-              offline: dict[str, float], served: dict) -> dict:
+              offline: dict[str, float], served: dict, steal: float | None = None) -> dict:
     commits = [x for r in rows for x in r["commit_latency_s"]]
     utt = [x for r in rows for x in r["utterance_final_s"]]
     first = [r["first_partial_s"] for r in rows if r["first_partial_s"] is not None]
@@ -163,7 +184,7 @@ def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
         / max(1, sum(r["final_words"] for r in rows)),
         "decoder_stats": stats,
         "errors": sum(r["errors"] for r in rows),
-        "rss_peak_mb": memory.get("VmHWM"), "rows": rows,
+        "rss_peak_mb": memory.get("VmHWM"), "host_steal": steal, "rows": rows,
     }
 
 
@@ -222,13 +243,15 @@ def main() -> None:
                 port = free_port()
                 server = start_server(model, port, args.threads, engine, tree)
                 try:
+                    times = cpu_times()
                     rows = asyncio.run(run_clients(f"ws://127.0.0.1:{port}/asr", clips, n))
+                    steal = steal_share(times, cpu_times())
                     memory = proc_memory_mb(server.pid)
                     served = health(port)
                 finally:
                     server.terminate()
                     server.wait(30)
-                summary = summarize(model, label, n, rows, memory, offline, served)
+                summary = summarize(model, label, n, rows, memory, offline, served, steal)
                 results.append(summary)
                 print(f"{model} {summary['engine']} N={n}: first partial p50 "
                       f"{summary['first_partial_p50']:.2f} s, utterance final p95 "
@@ -237,8 +260,8 @@ def main() -> None:
     header = ("| model | engine | N | first partial p50/p95 s | commit p50/p95 s | utterance "
               "final p50/p95 s | end lag max s | real time | WER stream / offline (worst "
               "clip gap) | tokens/call | decoder ms/token | decode ms/final word | encoder "
-              "share | RSS peak MB |")
-    print("\n" + header + "\n|" + "---|" * 14)
+              "share | RSS peak MB | host steal |")
+    print("\n" + header + "\n|" + "---|" * 15)
     for r in results:
         print(f"| {r['model']} | {r['engine']} | {r['clients']} | {r['first_partial_p50']:.2f} / "
               f"{r['first_partial_p95']:.2f} | {r['commit_p50']:.2f} / {r['commit_p95']:.2f} | "
@@ -247,7 +270,8 @@ def main() -> None:
               f"{r['offline_wer']:.3f} ({r['wer_gap_max']:+.3f}) | {r['tokens_per_call']:.2f} | "
               f"{r['decoder_ms_per_token']:.1f} | {r['decode_ms_per_word']:.0f} | "
               f"{r['encoder_share']:.0%} | "
-              f"{r['rss_peak_mb']:.0f} |")
+              f"{r['rss_peak_mb']:.0f} | "
+              + ("-" if r["host_steal"] is None else f"{r['host_steal']:.0%}") + " |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     machine = {"cpu_count": __import__("os").cpu_count(), "threads": args.threads}
     args.out.write_text(json.dumps({"machine": machine, "results": results}, indent=1))

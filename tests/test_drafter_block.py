@@ -192,7 +192,7 @@ def test_distill_block_drafter_command_trains_resumes_and_transcribes(tmp_path, 
     assert main(args) == 0
     config = json.loads((tmp_path / "block" / "block_drafter.json").read_text())
     assert config["block"] == 4 and config["d_model"] == 384
-    log = tmp_path / "work" / "whisper-tiny.en-block4.ckpt.log.jsonl"
+    log = tmp_path / "work" / "whisper-tiny.en-block4-6.ckpt.log.jsonl"
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1]
     assert main([*args[:8], "3", *args[9:]]) == 0  # more steps: resumed, not restarted
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [0, 1, 2]

@@ -99,10 +99,12 @@ def test_serve_command_takes_token_file_env_and_allowed_origins(tmp_path, monkey
 
     made: list[ServerOptions] = []
     loaded: list[tuple] = []
+    pads: list[tuple[float, float]] = []
 
     class FakeServer:
-        def __init__(self, runtime, options, pad_s, draft):
+        def __init__(self, runtime, options, pad_s, draft, probe_pad_s):
             made.append(options)
+            pads.append((pad_s, probe_pad_s))
             self.decoder = SimpleNamespace(spec="fake", engine="fake")
 
         async def serve_forever(self) -> None:
@@ -117,6 +119,9 @@ def test_serve_command_takes_token_file_env_and_allowed_origins(tmp_path, monkey
     assert made[-1].token == "from-file"
     assert made[-1].allow_origins == ("https://a.example", "https://b.example")
     assert loaded[-1] == (None, "auto")  # the packaged default on the default engine
+    assert pads[-1] == (10.0, 4.0)
+    main(["serve", "--pad", "8", "--probe-pad", "2.5"])
+    assert pads[-1] == (8.0, 2.5)
     monkeypatch.setenv("AUDIOFAST_TOKEN", "from-env")
     main(["serve", "--host", "0.0.0.0"])
     assert made[-1].token == "from-env"

@@ -33,6 +33,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds of new audio before a session is re-decoded")
     p.add_argument("--pad", type=float, default=10.0,
                    help="seconds of silence appended when encoding a buffer (30: full window)")
+    p.add_argument("--probe-pad", type=float, default=4.0,
+                   help="the same while looking for an utterance's first words (their text is "
+                   "a partial until a --pad decode agrees; at most --pad)")
     p.set_defaults(run=_run_serve)
 
 
@@ -55,7 +58,8 @@ def _run_serve(args: argparse.Namespace) -> int:
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
                             allow_origins=tuple(args.allow_origin), http_port=args.http_port)
     runtime = load_model(args.model, args.engine, threads=args.threads)
-    server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft)
+    server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft,
+                                 probe_pad_s=args.probe_pad)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
           f"http://{args.host}:{args.port}/ (WebSocket: ws://{args.host}:{args.port}/asr)"
           + (f"; OpenAI API: http://{args.host}:{args.http_port}/v1" if args.http_port else ""),

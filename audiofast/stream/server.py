@@ -73,13 +73,16 @@ class ServerOptions:
 
 class TranscriptionServer:
     def __init__(self, runtime, options: ServerOptions = ServerOptions(), pad_s: float = 10.0,
-                 draft: bool = True):
-        """``runtime``: what :func:`audiofast.load_model` returns (see StreamDecoder)."""
+                 draft: bool = True, probe_pad_s: float = 4.0):
+        """``runtime``: what :func:`audiofast.load_model` returns; ``pad_s`` and
+        ``probe_pad_s``: the silence encoded after a buffer, for updates and for decodes
+        looking for an utterance's first words (see StreamDecoder)."""
         check_bind(options.host, options.token)
         self.runtime = runtime
         self.options = options
         self.sessions: dict[int, LiveSession] = {}
-        self.scheduler = DecodeScheduler(StreamDecoder(runtime, pad_s, draft), self.sessions,
+        decoder = StreamDecoder(runtime, pad_s, draft, probe_pad_s=probe_pad_s)
+        self.scheduler = DecodeScheduler(decoder, self.sessions,
                                          options.batch_window_s, options.max_batch)
         self.stats = self.scheduler.stats
         # HTTP files (openai_api.py) decode one at a time: they use the runtime's own window
@@ -313,10 +316,10 @@ class ServerThread:
     that embed it): ``with ServerThread(runtime, options) as url: ...``."""
 
     def __init__(self, runtime, options: ServerOptions = ServerOptions(port=0),
-                 pad_s: float = 10.0, draft: bool = True):
+                 pad_s: float = 10.0, draft: bool = True, probe_pad_s: float = 4.0):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server = TranscriptionServer(runtime, options, pad_s, draft)
+        self.server = TranscriptionServer(runtime, options, pad_s, draft, probe_pad_s)
 
     def __enter__(self) -> str:
         self.thread.start()
