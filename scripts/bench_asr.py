@@ -37,7 +37,8 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
     """The CTranslate2 runtime (``ct2``: encoder and option overrides as the judge spells
     them, e.g. ``ov+pad5+batch8+chunk25``), or with ``fast`` the owned engine: ``PRECISION``
     (``own``: the model folder's own) then any of ``+ngram`` / ``+model`` / ``+block``
-    (drafter; ``+norefine``: the block drafter's first pass only), ``+diet``
+    (drafter; ``+norefine``: the block drafter's first pass only, ``+minpP``: its guesses
+    drafted only while their probability is >= P), ``+diet``
     / ``+qad`` (the vocab-diet / QAD export instead of the model), ``+padN`` (short windows
     encoded as audio + N s), ``+batchN+chunkS`` (chunks of at most S s decoded N side by
     side, batched.py), ``+ov`` / ``+auto`` (encoder)."""
@@ -58,6 +59,7 @@ def audiofast_engine(model: str, threads: int, beam_size: int, fast: str | None 
                              draft_model=block_model if drafter == "block" else draft_model,
                              encoder=encoder)
         runtime.block_refine = "norefine" not in parts
+        runtime.block_min_prob = next((float(p[4:]) for p in parts if p.startswith("minp")), 0.0)
     else:
         spec = parse_asr_spec(f"{model}+{ct2}" if ct2 else model)
         runtime = load_model(model, "ct2", threads=threads, encoder=spec.encoder)

@@ -110,6 +110,21 @@ def test_drafts_stop_before_special_tokens(tmp_path):
         drafter.observe(None)
 
 
+def test_unconfident_guesses_end_the_draft(tmp_path):
+    net = small_net()
+    weights = BlockDraftWeights(export_block_drafter(net, tmp_path / "b"), int8=False)
+    hidden = [np.random.default_rng(seed).normal(size=64).astype(np.float32)
+              for seed in range(20)]
+    drafts = {}
+    for min_prob in (0.0, 1.0):
+        drafter = BlockDrafter(weights, net.embed.numpy(), min_prob=min_prob)
+        drafts[min_prob] = []
+        for seed, state in enumerate(hidden):
+            drafter.observe(state)
+            drafts[min_prob].append(drafter.propose([1, 2, seed % 200]))
+    assert any(drafts[0.0]) and not any(drafts[1.0])
+
+
 @pytest.fixture(scope="module")
 def memorised_drafter(fused_tiny, clips, tmp_path_factory):
     """A block drafter trained on the target's own transcript of two_cities' first window (so

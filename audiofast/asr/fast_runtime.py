@@ -67,6 +67,7 @@ class FastWhisper:
         self._model_drafter = None  # a ModelDrafter, loaded on first use (imports transformers)
         self._block_weights = None  # (folder, a block drafter's arrays), loaded on first use
         self.block_refine = True  # the block drafter's second (Markov) pass
+        self.block_min_prob = 0.0  # ... and the confidence its drafted guesses need
         self.seed = seed
         self.generator = np.random.default_rng(seed)
         # engine_calls: per window; batched_calls: the calls batched chunks made for them all
@@ -132,7 +133,8 @@ class FastWhisper:
                              "needs --precision int8 or int4 and a full-vocabulary model")
         if self._block_weights is None or self._block_weights[0] != self.draft_model:
             self._block_weights = (self.draft_model, BlockDraftWeights(self.draft_model))
-        return BlockDrafter(self._block_weights[1], self.engine.embed, self.block_refine)
+        return BlockDrafter(self._block_weights[1], self.engine.embed, self.block_refine,
+                            self.block_min_prob)
 
     def encode(self, mel_window: np.ndarray) -> np.ndarray:
         return np.array(self.ct2.encode(mel_window))

@@ -135,6 +135,30 @@ def block_losses(net: BlockDraftNet, samples: BlockSamples, to_kept: torch.Tenso
                   "accepted_first_pass": round(right_first.sum(1).mean().item(), 4)}
 
 
+@torch.no_grad()
+def confidence_tradeoff(net: BlockDraftNet, samples: BlockSamples,
+                        thresholds: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
+                        ) -> dict[str, dict[str, float]]:
+    """Per ``min_prob`` (a draft ends at the first guess the drafter gives less): guesses
+    drafted and accepted per draft, as at inference (refined pass). Every drafted guess is a
+    verify row; only accepted ones save a step."""
+    n, block = samples.following.shape
+    unknown = torch.full((n, block - 1), -1, dtype=torch.long)
+    first = net(samples.hidden, samples.token, torch.cat([samples.token[:, None], unknown], 1))
+    guesses = net.kept_ids[first.argmax(-1)]
+    refined = net(samples.hidden, samples.token,
+                  torch.cat([samples.token[:, None], guesses[:, :-1]], 1)).softmax(-1)
+    prob, index = refined.max(-1)
+    right = net.kept_ids[index] == samples.following
+    report = {}
+    for threshold in thresholds:
+        drafted = (prob >= threshold).cumprod(1)
+        accepted = (drafted * right).cumprod(1)
+        report[f"{threshold:.1f}"] = {"drafted": round(drafted.sum(1).float().mean().item(), 4),
+                                      "accepted": round(accepted.sum(1).float().mean().item(), 4)}
+    return report
+
+
 def train_block_drafter(net: BlockDraftNet, samples: BlockSamples, to_kept: torch.Tensor,
                         opts: TrainOptions, checkpoint: str | Path,
                         batch_size: int = 256) -> BlockDraftNet:
@@ -238,6 +262,7 @@ def distill_block_drafter(model: str, recipe: BlockDrafterRecipe, workdir: str |
             target.engine, held, recipe.block, tok.eot, desc="held-out hidden states"))):
         with torch.no_grad():
             report[split] = block_losses(net, data, to_kept)[1] | {"samples": len(data.token)}
+        report[split]["by_min_prob"] = confidence_tradeoff(net, data)
     (out / "eval.json").write_text(json.dumps(report, indent=1))
     return out
 

@@ -123,11 +123,15 @@ class BlockDrafter:
     """One sequence's drafts: the target's hidden state arrives through :meth:`observe`
     (decoding.GreedySearch calls it before every :meth:`propose`)."""
 
-    def __init__(self, weights: BlockDraftWeights, embed: np.ndarray, refine: bool = True):
-        """``embed``: the target's token embedding (numpy, (vocab, d))."""
+    def __init__(self, weights: BlockDraftWeights, embed: np.ndarray, refine: bool = True,
+                 min_prob: float = 0.0):
+        """``embed``: the target's token embedding (numpy, (vocab, d)); ``min_prob``: a
+        draft ends at the first guess the drafter gives less probability (each drafted
+        guess is a verify row, paid whether it is accepted or not)."""
         self.weights, self.config = weights, weights.config
         self.embed = embed
         self.refine = refine
+        self.min_prob = min_prob
         self.draft_len = self.config.block
         self.hidden: np.ndarray | None = None
         self._unknown = np.broadcast_to(weights.arrays["unknown"],
@@ -139,21 +143,27 @@ class BlockDrafter:
                                "the fused decoder (--precision int8 or int4)")
         self.hidden = np.asarray(hidden, np.float32)
 
-    def _guess(self, context: np.ndarray, token: int, previous: np.ndarray) -> np.ndarray:
+    def _guess(self, context: np.ndarray, token: int, previous: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Each position's best guess (full-vocabulary ids) and its probability."""
         prev = np.concatenate([self.embed[token][None], previous]).astype(np.float32)
-        return self.weights.kept_ids[self.weights.logits(context, prev).argmax(-1)]
+        logits = self.weights.logits(context, prev)
+        best = logits.argmax(-1)
+        top = logits[np.arange(len(best)), best]
+        prob = 1.0 / np.exp(logits - top[:, None]).sum(-1)
+        return self.weights.kept_ids[best], prob
 
     def propose(self, context: list[int]) -> list[int]:
         if self.hidden is None or self.draft_len == 0:
             return []
         token = context[-1]
         start = self.weights.context(self.hidden, self.embed[token])
-        guess = self._guess(start, token, self._unknown)
+        guess, prob = self._guess(start, token, self._unknown)
         if self.refine:  # each position again, now seeing the guess before it
-            guess = self._guess(start, token, self.embed[guess[:-1]])
+            guess, prob = self._guess(start, token, self.embed[guess[:-1]])
         draft = []
-        for t in guess[: self.draft_len].tolist():
-            if not self._draftable(t):
+        for t, p in zip(guess[: self.draft_len].tolist(), prob.tolist(), strict=False):
+            if not self._draftable(t) or p < self.min_prob:
                 break
             draft.append(t)
         return draft
