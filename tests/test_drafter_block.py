@@ -194,6 +194,10 @@ def test_block_drafter_errors_name_the_fix(fused_tiny, tmp_path, clips):
             fused_tiny.make_drafter()
     finally:
         fused_tiny.drafter_name, fused_tiny.draft_model = "none", None
+    (tmp_path / "block_drafter.npz").write_bytes(b"not a zip")
+    (tmp_path / "block_drafter.json").write_text('{"d_model": 384}')
+    with pytest.raises(ValueError, match="not a complete block drafter export"):
+        BlockDraftWeights(tmp_path)
     fp32 = FastWhisper(ct2=fused_tiny.ct2, precision="fp32", drafter="block",
                        draft_model=tmp_path)
     with pytest.raises(ValueError, match="needs --precision int8 or int4"):

@@ -21,6 +21,7 @@ module is the same function in torch (a test holds them together).
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -74,10 +75,16 @@ class BlockDraftWeights:
         if not (folder / WEIGHTS_FILE).is_file():
             raise FileNotFoundError(f"{folder} holds no block drafter ({WEIGHTS_FILE}); train "
                                     "one: audiofast distill --stage drafter --kind block")
-        self.config = BlockConfig.load(folder)
-        with np.load(folder / WEIGHTS_FILE) as data:
-            self.arrays = {k: np.ascontiguousarray(data[k]) for k in data.files}
-        self.kept_ids = self.arrays["kept_ids"]
+        try:
+            self.config = BlockConfig.load(folder)
+            with np.load(folder / WEIGHTS_FILE) as data:
+                self.arrays = {k: np.ascontiguousarray(data[k]) for k in data.files}
+            self.kept_ids = self.arrays["kept_ids"]
+            for name in linear_names(self.config):
+                self.arrays[f"{name}.weight"]  # noqa: B018 - every linear must be there
+        except (OSError, ValueError, TypeError, KeyError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{folder}: not a complete block drafter export "
+                             f"({type(err).__name__}: {err}); train it again") from None
         self.int8 = int8
         if int8:
             from audiofast.asr import kernels
