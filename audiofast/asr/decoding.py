@@ -182,7 +182,7 @@ class GreedySearch:
             self.call = None
             return
         out.tokens.append(token)
-        if hasattr(self.drafter, "observe"):
+        if hasattr(self.drafter, "observe"):  # a HiddenStateDrafter
             self.drafter.observe(None if hidden is None else hidden[chosen_by])
         draft = self.drafter.propose(self.prompt + out.tokens) if self.drafter else []
         self._draft = draft[: min(max(0, self.limit - len(out.tokens)),

@@ -111,26 +111,37 @@ def collect_samples(engine, examples: list[Example], block: int, eot: int,
                         torch.tensor(following))
 
 
+def preceding(samples: BlockSamples, block_tokens: torch.Tensor) -> torch.Tensor:
+    """(n, block) the token before each position: the one the target chose, then
+    ``block_tokens`` shifted by one (-1: unknown)."""
+    return torch.cat([samples.token[:, None], block_tokens[:, :-1]], 1)
+
+
+def draft_passes(net: BlockDraftNet, samples: BlockSamples) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both passes' logits as at inference: the first with the block's earlier tokens
+    unknown, the refined one seeing the first pass's guesses (computed without gradients)."""
+    first = net(samples.hidden, samples.token,
+                preceding(samples, torch.full_like(samples.following, -1)))
+    with torch.no_grad():
+        guesses = net.kept_ids[first.argmax(-1)]
+        refined = net(samples.hidden, samples.token, preceding(samples, guesses))
+    return first, refined
+
+
 def block_losses(net: BlockDraftNet, samples: BlockSamples, to_kept: torch.Tensor
                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Both passes' cross-entropy, and the guesses a full-length draft would get accepted per
-    sample (leading guesses all right), refined (seeing the first pass's guesses, as at
-    inference) and first pass alone."""
-    n, block = samples.following.shape
+    """Both passes' cross-entropy (the second seeing the true token before each position),
+    and the guesses a full-length draft would get accepted per sample (leading guesses all
+    right), refined as at inference and first pass alone."""
     labels = torch.where(samples.following >= 0, to_kept[samples.following.clamp(min=0)], -100)
-    unknown = torch.full((n, block - 1), -1, dtype=torch.long)
-    first = net(samples.hidden, samples.token, torch.cat([samples.token[:, None], unknown], 1))
-    known = torch.cat([samples.token[:, None], samples.following[:, :-1]], 1)
-    second = net(samples.hidden, samples.token, known)
+    first, refined = draft_passes(net, samples)
+    second = net(samples.hidden, samples.token, preceding(samples, samples.following))
     ce = nn.functional.cross_entropy
     loss = (ce(first.flatten(0, 1), labels.flatten(), ignore_index=-100)
             + ce(second.flatten(0, 1), labels.flatten(), ignore_index=-100))
     with torch.no_grad():
-        guesses = net.kept_ids[first.argmax(-1)]
-        refined = net(samples.hidden, samples.token,
-                      torch.cat([samples.token[:, None], guesses[:, :-1]], 1))
         right = (net.kept_ids[refined.argmax(-1)] == samples.following).cumprod(1).float()
-        right_first = (guesses == samples.following).cumprod(1).float()
+        right_first = (net.kept_ids[first.argmax(-1)] == samples.following).cumprod(1).float()
     return loss, {"accepted": round(right.sum(1).mean().item(), 4),
                   "accepted_first_pass": round(right_first.sum(1).mean().item(), 4)}
 
@@ -142,13 +153,7 @@ def confidence_tradeoff(net: BlockDraftNet, samples: BlockSamples,
     """Per ``min_prob`` (a draft ends at the first guess the drafter gives less): guesses
     drafted and accepted per draft, as at inference (refined pass). Every drafted guess is a
     verify row; only accepted ones save a step."""
-    n, block = samples.following.shape
-    unknown = torch.full((n, block - 1), -1, dtype=torch.long)
-    first = net(samples.hidden, samples.token, torch.cat([samples.token[:, None], unknown], 1))
-    guesses = net.kept_ids[first.argmax(-1)]
-    refined = net(samples.hidden, samples.token,
-                  torch.cat([samples.token[:, None], guesses[:, :-1]], 1)).softmax(-1)
-    prob, index = refined.max(-1)
+    prob, index = draft_passes(net, samples)[1].softmax(-1).max(-1)
     right = net.kept_ids[index] == samples.following
     report = {}
     for threshold in thresholds:

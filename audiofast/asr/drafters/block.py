@@ -80,8 +80,9 @@ class BlockDraftWeights:
             with np.load(folder / WEIGHTS_FILE) as data:
                 self.arrays = {k: np.ascontiguousarray(data[k]) for k in data.files}
             self.kept_ids = self.arrays["kept_ids"]
-            for name in linear_names(self.config):
-                self.arrays[f"{name}.weight"]  # noqa: B018 - every linear must be there
+            missing = [n for n in linear_names(self.config) if f"{n}.weight" not in self.arrays]
+            if missing:
+                raise KeyError(f"no {missing[0]} weights")
         except (OSError, ValueError, TypeError, KeyError, zipfile.BadZipFile) as err:
             raise ValueError(f"{folder}: not a complete block drafter export "
                              f"({type(err).__name__}: {err}); train it again") from None
