@@ -56,7 +56,7 @@ def test_export_is_cached_and_bad_encoder_names_are_refused(ov_base):
     from audiofast.asr.ov_encoder import OpenVINOEncoder
 
     again = OpenVINOEncoder(ov_base.resolved.ct2_dir, threads=2)
-    assert again.path == ov_base.ov_encoder.path
-    assert again.path.stat().st_mtime_ns == ov_base.ov_encoder.path.stat().st_mtime_ns
-    with pytest.raises(ValueError, match="encoder must be ct2, openvino or auto"):
+    assert again.path == ov_base.own_encoder.path
+    assert again.path.stat().st_mtime_ns == ov_base.own_encoder.path.stat().st_mtime_ns
+    with pytest.raises(ValueError, match="encoder must be one of ct2, openvino, auto, fused"):
         CT2Whisper("whisper-base", encoder="tpu")

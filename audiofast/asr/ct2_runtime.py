@@ -23,6 +23,7 @@ from audiofast.models import resolve_model
 # whisper-base, min of 5): 2000 frames 0.28 s CT2 vs 0.34 s OV; 2400: 0.55 vs 0.45; 3000:
 # 0.81 vs 0.64. CT2's time jumps between 2000 and 2400 frames; OpenVINO's grows smoothly.
 OV_MIN_FRAMES = 2200
+ENCODERS = ("ct2", "openvino", "auto", "fused")
 
 
 class CT2Whisper:
@@ -31,10 +32,11 @@ class CT2Whisper:
 
     def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8",
                  seed: int = 0, encoder: str = "ct2"):
-        """``encoder``: "ct2"; "openvino" (fp32 on OpenVINO: ov_encoder.py); or "auto":
-        OpenVINO for windows of at least ``OV_MIN_FRAMES``, CTranslate2 for shorter ones."""
-        if encoder not in ("ct2", "openvino", "auto"):
-            raise ValueError(f"encoder must be ct2, openvino or auto, not {encoder!r}")
+        """``encoder``: "ct2"; "openvino" (fp32 on OpenVINO: ov_encoder.py); "auto":
+        OpenVINO for windows of at least ``OV_MIN_FRAMES``, CTranslate2 for shorter ones; or
+        "fused" (our int8 kernels: fused_encoder.py)."""
+        if encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, not {encoder!r}")
         self.ov_min_frames = OV_MIN_FRAMES if encoder == "auto" else 0
         self.resolved = resolve_model(model)
         # Temperature fallback samples: seed CTranslate2's generator so runs are reproducible.
@@ -56,11 +58,15 @@ class CT2Whisper:
         self.default_suppress_ids: list[int] = config.get("suppress_ids", [])
         if self.vocab is not None:
             self.default_suppress_ids = self.vocab.unmap_ids(self.default_suppress_ids)
-        self.ov_encoder = None
-        if encoder != "ct2":
+        self.own_encoder = None  # an encoder other than CTranslate2's
+        if encoder == "fused":
+            from audiofast.asr.fused_encoder import FusedEncoder
+
+            self.own_encoder = FusedEncoder(self.resolved.ct2_dir)
+        elif encoder != "ct2":
             from audiofast.asr.ov_encoder import OpenVINOEncoder
 
-            self.ov_encoder = OpenVINOEncoder(self.resolved.ct2_dir, threads)
+            self.own_encoder = OpenVINOEncoder(self.resolved.ct2_dir, threads)
 
     def encode(self, mel_window: np.ndarray) -> ctranslate2.StorageView:
         """Encode a (n_mels, frames) window; frames is 3000 unless the caller trims padding."""
@@ -69,11 +75,11 @@ class CT2Whisper:
     def encode_batch(self, mel_windows: np.ndarray) -> ctranslate2.StorageView:
         """Encode (batch, n_mels, frames) windows of one length in one call."""
         mel_windows = np.ascontiguousarray(mel_windows, dtype=np.float32)
-        if self.ov_encoder is None or mel_windows.shape[-1] < self.ov_min_frames:
+        if self.own_encoder is None or mel_windows.shape[-1] < self.ov_min_frames:
             return self.model.encode(ctranslate2.StorageView.from_array(mel_windows))
         # generate() takes encoder output as well as features; the view borrows the array's
         # memory, so the array is kept alive until the next encode.
-        self._encoded = self.ov_encoder(mel_windows)
+        self._encoded = self.own_encoder(mel_windows)
         return ctranslate2.StorageView.from_array(self._encoded)
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:

@@ -23,7 +23,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 _CODE = ("int8_pack.py", "int4_pack.py", "fused_decoder.py", "decoder_weights.py",
-         "packed_cache.py")
+         "packed_cache.py", "fused_encoder.py")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "U8": np.uint8, "I32": np.int32,
            "I64": np.int64}
 

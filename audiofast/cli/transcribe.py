@@ -28,9 +28,10 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
-    p.add_argument("--encoder", choices=["ct2", "openvino", "auto"], default="ct2",
+    p.add_argument("--encoder", choices=["ct2", "openvino", "auto", "fused"], default="ct2",
                    help="audio encoder: CTranslate2 int8, OpenVINO fp32 (exported once into "
-                   "the cache), or auto (OpenVINO for windows of 22 s and more)")
+                   "the cache), auto (OpenVINO for windows of 22 s and more), or fused "
+                   "(audiofast's int8 kernels, attention in fp32)")
     p.add_argument("--engine", choices=["auto", "ct2", "fast"], default="auto",
                    help="decoder: audiofast's own int8 engine (fast: greedy, ~3x faster-whisper "
                    "with its C++ kernels) or CTranslate2 (ct2: beams, batched chunks, other "

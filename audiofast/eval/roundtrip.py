@@ -77,7 +77,7 @@ JUDGE_OPTIONS = TranscribeOptions(temperatures=(0.0,), window_pad=None, chunk_le
 SPEC_OPTIONS = {"pad": "window_pad", "batch": "batch_size", "chunk": "chunk_length",
                 "beam": "beam_size"}
 INT_OPTIONS = ("batch", "beam")
-ENCODERS = {"ov": "openvino", "auto": "auto"}  # +ov, +auto
+ENCODERS = {"ov": "openvino", "auto": "auto", "fenc": "fused"}  # +ov, +auto, +fenc
 
 
 @dataclass(frozen=True)

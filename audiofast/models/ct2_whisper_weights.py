@@ -84,3 +84,10 @@ def _self_attention_and_ffn(ct2: CT2Model, src: str, dst: str, sd: dict[str, np.
     _linear(ct2, f"{src}/ffn/linear_0", f"{dst}.fc1", sd)
     _linear(ct2, f"{src}/ffn/linear_1", f"{dst}.fc2", sd)
     _norm(ct2, f"{src}/ffn/layer_norm", f"{dst}.final_layer_norm", sd)
+
+
+def encoder_state(ct2: CT2Model) -> dict[str, np.ndarray]:
+    """The encoder's float arrays under Hugging Face's names (the int8 encoder packs them)."""
+    sd: dict[str, np.ndarray] = {}
+    _encoder_state(ct2, sd)
+    return sd

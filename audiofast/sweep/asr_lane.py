@@ -51,7 +51,7 @@ class ASRConfig:
             spec = f"fast:{self.model}@{self.precision}"
         else:
             spec = f"{self.model}@{self.compute_type}"
-        spec += {"ct2": "", "openvino": "+ov", "auto": "+auto"}[self.encoder]
+        spec += {"ct2": "", "openvino": "+ov", "auto": "+auto", "fused": "+fenc"}[self.encoder]
         if self.window_pad is not None:
             spec += f"+pad{self.window_pad:g}"
         if self.engine == "ct2" and self.beam_size > 1:
@@ -144,7 +144,7 @@ def domains(settings: dict) -> dict[str, Domain]:
         "ngram_order": Domain("int", low=1, high=8),
         "precision": Domain("choice", PRECISIONS),
         "compute_type": Domain("choice", COMPUTE_TYPES),
-        "encoder": Domain("choice", ("ct2", "openvino", "auto")),
+        "encoder": Domain("choice", ("ct2", "openvino", "auto", "fused")),
         "beam_size": Domain("int", low=1, high=16),
         "threads": Domain("int", low=0, high=1024),
     }

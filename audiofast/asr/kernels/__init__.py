@@ -136,6 +136,8 @@ def _load(path: Path) -> ctypes.CDLL:
                                                     arrs, arrs, arrs, arrs, arrs, i64, i64, ptr,
                                                     i64, ptr]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
+    lib.audiofast_gelu.argtypes = [ptr, i64]
+    lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
@@ -205,6 +207,28 @@ def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray] | ctypes.Array) -> 
     _check(_library().audiofast_quant_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
                                              y.ctypes.data, y.size))
     return y
+
+
+def gelu_(x: np.ndarray) -> np.ndarray:
+    """Whisper's exact GELU, in place over a C-contiguous float32 array (size a multiple of
+    8); returns ``x``."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.writeable:
+        raise ValueError("gelu_: x must be a writable C-contiguous float32 array")
+    _check(_library().audiofast_gelu(x.ctypes.data, x.size))
+    return x
+
+
+def encoder_forward(x: np.ndarray, heads: int, params: ctypes.Array) -> np.ndarray:
+    """Whisper's encoder layers (kernels/encoder_forward.cpp) over x (batch, frames, width)
+    float32, the convolutions' output plus positions; ``params``: :func:`as_arrays` of the
+    final norm, then each layer's 20 arrays (fused_encoder.py lists them). Returns the output
+    (after the final norm), computed in a copy of ``x``."""
+    x = np.array(x, dtype=np.float32, order="C")
+    if x.ndim != 3 or x.shape[2] != heads * 64:
+        raise ValueError("encoder_forward: x must be (batch, frames, heads x 64) float32")
+    _check(_library().audiofast_encoder_forward(x.ctypes.data, x.shape[0], x.shape[1], heads,
+                                                params, len(params)))
+    return x
 
 
 def _hidden_pointer(hidden: np.ndarray | None, rows: int, width: int) -> int | None:

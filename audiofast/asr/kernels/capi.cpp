@@ -3,13 +3,16 @@
 // Every function returns a status (0: done; 1: bad input, raised as ValueError; 2: out of
 // memory, MemoryError; 3: anything else, RuntimeError) and leaves the message for
 // audiofast_last_error(). No exception crosses into Python.
+#include <algorithm>
 #include <cstdint>
 #include <new>
 #include <string>
 
 #include "array.h"
+#include "avx2.h"
 #include "cross_attention.h"
 #include "decoder_step.h"
+#include "encoder_forward.h"
 #include "quant_linear.h"
 #include "pool.h"
 
@@ -82,6 +85,24 @@ int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
     audiofast::check(in == L.in, "quant_linear: x must be (rows, in) float32");
     audiofast::check(y_size == rows * L.out, "quant_linear: output buffer of the wrong size");
     audiofast::linear(L, x, rows, y);
+  });
+}
+
+// Whisper's encoder layers over x (batch x frames, width) in place (encoder_forward.h).
+int audiofast_encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
+                              const audiofast::Array* params, int64_t n_params) {
+  return guarded([&] { audiofast::encoder_forward(x, batch, frames, heads, params, n_params); });
+}
+
+// Exact GELU in place over n floats (a multiple of 8), rows across threads: the encoder's
+// convolutions, run as int8 linears over their input windows (fused_encoder.py).
+int audiofast_gelu(float* x, int64_t n) {
+  return guarded([&] {
+    audiofast::check(n % 8 == 0, "gelu: the length must be a multiple of 8");
+    audiofast::parallel_for(n / 4096 + 1, [&](int64_t b0, int64_t b1) {
+      const int64_t lo = std::min(n, b0 * 4096), hi = std::min(n, b1 * 4096);
+      audiofast::gelu(x + lo, hi - lo);
+    });
   });
 }
 

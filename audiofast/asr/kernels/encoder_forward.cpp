@@ -1,0 +1,282 @@
+// Whisper's encoder layers, all of them in one C++ op (the convolutions stay on torch).
+//
+// Run with torch doing attention and norms between our int8 linears, a 30 s window took as
+// long as CTranslate2's encoder although every op alone was 2x faster: each hand-over woke
+// the other runtime's threads while the previous one's were still spinning on the same two
+// cores (a linear right after torch's attention took 14-20 ms instead of 7). Here every loop
+// runs on the one pool. Linears: the decoder's int8 kernel, each frame quantized over its own
+// range. Attention: float32, a block of 4 queries against 16 keys at a time from a per-head
+// key layout read front to back, softmax, then the values.
+#include "encoder_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "avx2.h"
+#include "pool.h"
+#include "quant_linear.h"
+
+namespace audiofast {
+
+namespace {
+
+constexpr int64_t kKeys = 16;    // keys per score tile
+constexpr int64_t kQueries = 4;  // queries per tile
+
+enum LayerParam : int { kAttnNorm = 0, kQkv = 2, kOut = 6, kFfnNorm = 10, kFc1 = 12, kFc2 = 16,
+                        kLayerSize = 20 };
+static_assert(kLayerSize == 2 * 2 + 4 * kArraysPerLinear);
+
+// Layer norm of every row (eps 1e-5), rows across threads; the sums in 8 float lanes.
+void layer_norm_rows(const float* x, const Array& weight, const Array& bias, int64_t rows,
+                     int64_t d, float* out) {
+  check(weight.is(kFloat32, 1) && bias.is(kFloat32, 1) && weight.size(0) == d &&
+            bias.size(0) == d,
+        "encoder_forward: layer norms must be float32 (width,)");
+  const float* w = weight.ptr<float>();
+  const float* b = bias.ptr<float>();
+  parallel_for(rows, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* r = x + m * d;
+      float* o = out + m * d;
+      __m256 s = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(r + i));
+      const __m256 mean = _mm256_set1_ps(sum8(s) / d);
+      __m256 v = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(r + i), mean);
+        v = _mm256_fmadd_ps(c, c, v);
+      }
+      const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(sum8(v) / d + 1e-5f));
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 c = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + i), mean), inv);
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(c, _mm256_loadu_ps(w + i),
+                                                _mm256_loadu_ps(b + i)));
+      }
+    }
+  });
+}
+
+void add_into(float* x, const float* y, int64_t n) {
+  parallel_for(n / 8, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0 * 8; i < i1 * 8; i += 8)
+      _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  });
+}
+
+// One head's keys as tiles of 16 keys x 64 dims, dims outer (keys past `frames` zero), and its
+// values (frames, 64), copied out of the qkv rows (frames, 3 x d).
+void gather_head(const float* qkv, int64_t frames, int64_t d, int64_t h, float* tiles,
+                 float* values) {
+  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  std::fill(tiles, tiles + padded * kHeadDim, 0.f);
+  for (int64_t t = 0; t < frames; ++t) {
+    const float* k = qkv + t * 3 * d + d + h * kHeadDim;
+    float* tile = tiles + (t / kKeys) * kKeys * kHeadDim + t % kKeys;
+    for (int64_t i = 0; i < kHeadDim; ++i) tile[i * kKeys] = k[i];
+    std::copy_n(qkv + t * 3 * d + 2 * d + h * kHeadDim, kHeadDim, values + t * kHeadDim);
+  }
+}
+
+// out rows q0 .. q0 + 4 of one head (rows past `frames` are computed and dropped): scores over
+// every key, softmax, then the values. scores holds 4 x padded floats.
+void attend_tile(const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0,
+                 const float* tiles, const float* values, float* scores, float* out) {
+  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  alignas(32) float q[kQueries][kHeadDim];
+  for (int64_t r = 0; r < kQueries; ++r) {
+    const float* src = qkv + std::min(q0 + r, frames - 1) * 3 * d + h * kHeadDim;
+    for (int64_t i = 0; i < kHeadDim; ++i) q[r][i] = src[i] * 0.125f;  // 1 / sqrt(64), exact
+  }
+  for (int64_t t = 0; t < padded; t += kKeys) {
+    const float* tile = tiles + t * kHeadDim;
+    __m256 acc[kQueries][2];
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < kHeadDim; ++i) {
+      const __m256 k0 = _mm256_loadu_ps(tile + i * kKeys);
+      const __m256 k1 = _mm256_loadu_ps(tile + i * kKeys + 8);
+      for (int64_t r = 0; r < kQueries; ++r) {
+        const __m256 qb = _mm256_broadcast_ss(&q[r][i]);
+        acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+      }
+    }
+    for (int64_t r = 0; r < kQueries; ++r) {
+      _mm256_storeu_ps(scores + r * padded + t, acc[r][0]);
+      _mm256_storeu_ps(scores + r * padded + t + 8, acc[r][1]);
+    }
+  }
+  float inv[kQueries];
+  for (int64_t r = 0; r < kQueries; ++r) {
+    float* s = scores + r * padded;
+    std::fill(s + frames, s + padded, -INFINITY);
+    __m256 most = _mm256_set1_ps(-INFINITY);  // 8 lanes: a scalar max chain was 1/5 here
+    for (int64_t t = 0; t < padded; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(s + t));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, most);
+    const __m256 topv = _mm256_set1_ps(*std::max_element(lanes, lanes + 8));
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t t = 0; t < padded; t += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), topv));
+      _mm256_storeu_ps(s + t, e);
+      total = _mm256_add_ps(total, e);
+    }
+    inv[r] = 1.f / sum8(total);
+  }
+  for (int64_t c = 0; c < kHeadDim; c += 16) {
+    __m256 acc[kQueries][2];
+    for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < frames; ++t) {
+      const __m256 v0 = _mm256_loadu_ps(values + t * kHeadDim + c);
+      const __m256 v1 = _mm256_loadu_ps(values + t * kHeadDim + c + 8);
+      for (int64_t r = 0; r < kQueries; ++r) {
+        const __m256 p = _mm256_broadcast_ss(scores + r * padded + t);
+        acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+      }
+    }
+    for (int64_t r = 0; r < kQueries && q0 + r < frames; ++r) {
+      float* o = out + (q0 + r) * d + h * kHeadDim + c;
+      const __m256 scale = _mm256_set1_ps(inv[r]);
+      _mm256_storeu_ps(o, _mm256_mul_ps(acc[r][0], scale));
+      _mm256_storeu_ps(o + 8, _mm256_mul_ps(acc[r][1], scale));
+    }
+  }
+}
+
+// attend_tile with AVX-512 (16 keys or 16 dims per register): the same tiles, twice the
+// lanes; 8 queries per call. Float sums in another order than the AVX2 path: close, not equal
+// (the encoder's output is not required to match across CPUs, the decoder's is).
+constexpr int64_t kQueries512 = 8;
+
+__attribute__((target("avx512f"))) void attend_tile_512(
+    const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0, const float* tiles,
+    const float* values, float* scores, float* out) {
+  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  constexpr int64_t R = kQueries512;
+  alignas(64) float q[R][kHeadDim];
+  for (int64_t r = 0; r < R; ++r) {
+    const float* src = qkv + std::min(q0 + r, frames - 1) * 3 * d + h * kHeadDim;
+    for (int64_t i = 0; i < kHeadDim; ++i) q[r][i] = src[i] * 0.125f;
+  }
+  __m512 most[R];
+  for (auto& m : most) m = _mm512_set1_ps(-INFINITY);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t t = 0; t < padded; t += kKeys) {
+    const float* tile = tiles + t * kHeadDim;
+    __m512 acc[R];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t i = 0; i < kHeadDim; ++i) {
+      const __m512 k = _mm512_loadu_ps(tile + i * kKeys);
+      for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][i]), k, acc[r]);
+    }
+    // keys past the window score -inf (their tiles are zero, not absent)
+    const __mmask16 live = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(
+        static_cast<int32_t>(std::min<int64_t>(kKeys, frames - t))));
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512 v = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), acc[r]);
+      _mm512_storeu_ps(scores + r * padded + t, v);
+      most[r] = _mm512_max_ps(most[r], v);
+    }
+  }
+  float inv[R];
+  for (int64_t r = 0; r < R; ++r) {
+    float* s = scores + r * padded;
+    const __m256 top = _mm256_set1_ps(_mm512_reduce_max_ps(most[r]));
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t t = 0; t < padded; t += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), top));
+      _mm256_storeu_ps(s + t, e);
+      total = _mm256_add_ps(total, e);
+    }
+    inv[r] = 1.f / sum8(total);
+  }
+  for (int64_t r0 = 0; r0 < R; r0 += 4) {
+    __m512 acc[4][4];
+    for (auto& a : acc)
+      for (auto& x : a) x = _mm512_setzero_ps();
+    for (int64_t t = 0; t < frames; ++t) {
+      const float* v = values + t * kHeadDim;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      const __m512 v2 = _mm512_loadu_ps(v + 32), v3 = _mm512_loadu_ps(v + 48);
+      for (int64_t r = 0; r < 4; ++r) {
+        const __m512 p = _mm512_set1_ps(scores[(r0 + r) * padded + t]);
+        acc[r][0] = _mm512_fmadd_ps(p, v0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(p, v1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(p, v2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(p, v3, acc[r][3]);
+      }
+    }
+    for (int64_t r = 0; r < 4 && q0 + r0 + r < frames; ++r) {
+      float* o = out + (q0 + r0 + r) * d + h * kHeadDim;
+      const __m512 scale = _mm512_set1_ps(inv[r0 + r]);
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + 16 * j, _mm512_mul_ps(acc[r][j], scale));
+    }
+  }
+}
+
+bool use_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && use_vnni();
+  return yes;
+}
+
+// Full (non-causal) self-attention of one window: qkv (frames, 3 x d) -> out (frames, d).
+void window_attention(const float* qkv, int64_t frames, int64_t heads, float* out) {
+  const int64_t d = heads * kHeadDim, padded = (frames + kKeys - 1) / kKeys * kKeys;
+  std::vector<float> tiles(heads * padded * kHeadDim), values(heads * frames * kHeadDim);
+  parallel_for(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h)
+      gather_head(qkv, frames, d, h, &tiles[h * padded * kHeadDim],
+                  &values[h * frames * kHeadDim]);
+  });
+  const bool wide = use_avx512();
+  const int64_t per_tile = wide ? kQueries512 : kQueries;
+  const int64_t blocks = (frames + per_tile - 1) / per_tile;
+  parallel_for(heads * blocks, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(per_tile * padded);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t h = t / blocks;
+      (wide ? attend_tile_512 : attend_tile)(qkv, frames, d, h, (t % blocks) * per_tile,
+                                             &tiles[h * padded * kHeadDim],
+                                             &values[h * frames * kHeadDim], scores.data(), out);
+    }
+  });
+}
+
+}  // namespace
+
+void encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
+                     const Array* params, int64_t n_params) {
+  const int64_t d = heads * kHeadDim, rows = batch * frames;
+  check(batch > 0 && frames > 0, "encoder_forward: nothing to encode");
+  check(n_params >= 2 && (n_params - 2) % kLayerSize == 0,
+        "encoder_forward: parameters must be the final norm, then 20 arrays per layer");
+  const int64_t layers = (n_params - 2) / kLayerSize;
+  const int64_t ff = linear_at(params, 2 + kFc1).out;
+  std::vector<float> normed(rows * d), qkv(rows * 3 * d), attn(rows * d), y(rows * d),
+      hidden(rows * ff);
+  for (int64_t l = 0; l < layers; ++l) {
+    const Array* p = params + 2 + l * kLayerSize;
+    const auto qkv_proj = linear_at(p, kQkv), out_proj = linear_at(p, kOut);
+    const auto fc1 = linear_at(p, kFc1), fc2 = linear_at(p, kFc2);
+    check(qkv_proj.in == d && qkv_proj.out == 3 * d && out_proj.out == d && fc2.out == d,
+          "encoder_forward: linear shapes do not match the model width");
+    layer_norm_rows(x, p[kAttnNorm], p[kAttnNorm + 1], rows, d, normed.data());
+    linear(qkv_proj, normed.data(), rows, qkv.data());
+    for (int64_t b = 0; b < batch; ++b)
+      window_attention(&qkv[b * frames * 3 * d], frames, heads, &attn[b * frames * d]);
+    linear(out_proj, attn.data(), rows, y.data());
+    add_into(x, y.data(), rows * d);
+    layer_norm_rows(x, p[kFfnNorm], p[kFfnNorm + 1], rows, d, normed.data());
+    linear(fc1, normed.data(), rows, hidden.data());
+    parallel_for(rows, [&](int64_t m0, int64_t m1) {
+      gelu(&hidden[m0 * ff], (m1 - m0) * ff);
+    });
+    linear(fc2, hidden.data(), rows, y.data());
+    add_into(x, y.data(), rows * d);
+  }
+  layer_norm_rows(x, params[0], params[1], rows, d, x);
+}
+
+}  // namespace audiofast

@@ -1,0 +1,67 @@
+"""The fused encoder (int8 kernels + float attention in one C++ op): close to the float32
+encoder at full and short windows, batch-invariant, real transcripts, and bad input refused."""
+
+import numpy as np
+import pytest
+import torch
+
+from audiofast.asr import kernels
+from audiofast.asr.ct2_runtime import CT2Whisper
+from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
+from audiofast.asr.options import TranscribeOptions
+from audiofast.audio import load_audio
+from audiofast.eval.wer import wer
+
+pytestmark = pytest.mark.skipif(kernels.backend() == "none", reason="C++ kernels not built")
+
+
+@pytest.fixture(scope="module")
+def fused_base() -> CT2Whisper:
+    return CT2Whisper("whisper-base", threads=2, encoder="fused")
+
+
+def test_close_to_the_float_encoder_and_no_worse_than_ctranslate2(fused_base, clips):
+    """The reference is transformers' WhisperEncoder modules on the same weights (at 3000
+    frames its own forward; shorter windows by hand, as test_ov_encoder checks). The int8
+    encoders are not exact: each must stay near it, and ours no farther than CTranslate2's."""
+    from audiofast.asr.ov_encoder import _EncoderForExport
+    from audiofast.models.ct2_to_hf import whisper_from_ct2
+
+    hf, _ = whisper_from_ct2(fused_base.resolved.ct2_dir)
+    exact = _EncoderForExport(hf.model.encoder).eval()
+    mel = log_mel_spectrogram(load_audio(clips["two_cities"].audio), fused_base.n_mels)
+    for frames in (3000, 1200, 250):
+        window = np.ascontiguousarray(pad_or_trim(mel, 3000)[None, :, :frames])
+        with torch.no_grad():
+            want = exact(torch.from_numpy(window)).numpy()
+        ours = fused_base.own_encoder(window)
+        theirs = np.array(fused_base.model.encode(
+            __import__("ctranslate2").StorageView.from_array(window)))
+        assert ours.shape == want.shape == (1, frames // 2, 512)
+        scale = np.abs(want).mean()
+        ours_err, ct2_err = (np.abs(x - want).mean() / scale for x in (ours, theirs))
+        assert ours_err < 0.08 and ours_err <= ct2_err * 1.05, (frames, ours_err, ct2_err)
+
+
+def test_a_window_is_encoded_the_same_alone_and_in_a_batch(fused_base, clips):
+    mels = [pad_or_trim(log_mel_spectrogram(load_audio(clips[n].audio), fused_base.n_mels),
+                        800) for n in ("beckett", "clone-test")]
+    both = fused_base.own_encoder(np.stack(mels))
+    for i, mel in enumerate(mels):
+        np.testing.assert_array_equal(both[i], fused_base.own_encoder(mel[None])[0])
+
+
+def test_real_speech_through_the_fused_encoder(fused_base, clips):
+    for name in ("two_cities", "beckett", "clone-test"):
+        result = fused_base.transcribe(clips[name].audio, TranscribeOptions(window_pad=2.0))
+        assert wer(clips[name].reference, result.text) <= 0.05, (name, result.text)
+
+
+def test_bad_windows_are_refused_in_one_line(fused_base):
+    with pytest.raises(ValueError, match="at most|n_mels, frames"):
+        fused_base.own_encoder(np.zeros((1, 80, 3002), np.float32))
+    with pytest.raises(ValueError, match="n_mels, frames"):
+        fused_base.own_encoder(np.zeros((80, 100), np.float32))
+    with pytest.raises(ValueError, match="encoder_forward: x must be"):
+        kernels.encoder_forward(np.zeros((1, 10, 500), np.float32), 8,
+                                fused_base.own_encoder.params)
