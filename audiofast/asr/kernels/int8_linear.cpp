@@ -229,27 +229,34 @@ void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
   static constexpr Block avx2[4] = {block_avx2<1>, block_avx2<2>, block_avx2<3>, block_avx2<4>};
   static constexpr Block vnni512[4] = {block_vnni<1>, block_vnni<2>, block_vnni<3>,
                                        block_vnni<4>};
+  // Rows in panels of kPanel: a panel's activations stay in L2 while the thread's weight
+  // blocks pass over them (the encoder's 1500 rows x 2048 inputs did not fit).
+  constexpr int64_t kPanel = 128;
   parallel_for(L.blocks, [&](int64_t b0, int64_t b1) {
     alignas(64) int32_t sums[4 * kBlock];
-    for (int64_t b = b0; b < b1; ++b) {
-      const int8_t* wb = L.int8.weight + b * L.in * kBlock;
-      const int64_t n0 = b * kBlock, width = std::min(kBlock, L.out - n0);
-      for (int64_t m0 = 0; m0 < rows; m0 += 4) {
-        const int tile = static_cast<int>(std::min<int64_t>(4, rows - m0));
-        const uint8_t* xs[4];
-        for (int r = 0; r < tile; ++r) xs[r] = &xq[(m0 + r) * stride];
-        (vnni ? vnni512 : avx2)[tile - 1](wb, L.in, xs, sums);
-        for (int r = 0; r < tile; ++r) {
-          const RowScale q = rs[m0 + r];
-          float* out = y + (m0 + r) * L.out + n0;
-          if (width == kBlock) {
-            dequantize16(sums + r * kBlock, q, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0,
-                         out);
-            continue;
+    for (int64_t p0 = 0; p0 < rows; p0 += kPanel) {
+      const int64_t p1 = std::min(rows, p0 + kPanel);
+      for (int64_t b = b0; b < b1; ++b) {
+        const int8_t* wb = L.int8.weight + b * L.in * kBlock;
+        const int64_t n0 = b * kBlock, width = std::min(kBlock, L.out - n0);
+        for (int64_t m0 = p0; m0 < p1; m0 += 4) {
+          const int tile = static_cast<int>(std::min<int64_t>(4, p1 - m0));
+          const uint8_t* xs[4];
+          for (int r = 0; r < tile; ++r) xs[r] = &xq[(m0 + r) * stride];
+          (vnni ? vnni512 : avx2)[tile - 1](wb, L.in, xs, sums);
+          for (int r = 0; r < tile; ++r) {
+            const RowScale q = rs[m0 + r];
+            float* out = y + (m0 + r) * L.out + n0;
+            if (width == kBlock) {
+              dequantize16(sums + r * kBlock, q, L.int8.wsum + n0, L.int8.scale + n0,
+                           L.bias + n0, out);
+              continue;
+            }
+            for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
+              out[j] = std::fma(
+                  static_cast<float>(sums[r * kBlock + j] - q.zero * L.int8.wsum[n0 + j]),
+                  q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
           }
-          for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
-            out[j] = std::fma(static_cast<float>(sums[r * kBlock + j] - q.zero * L.int8.wsum[n0 + j]),
-                              q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
         }
       }
     }
