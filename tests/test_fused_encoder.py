@@ -65,3 +65,36 @@ def test_bad_windows_are_refused_in_one_line(fused_base):
     with pytest.raises(ValueError, match="encoder_forward: x must be"):
         kernels.encoder_forward(np.zeros((1, 10, 500), np.float32), 8,
                                 fused_base.own_encoder.params)
+
+
+def test_auto_sends_long_windows_to_the_fused_encoder_only_where_vnni_pays(clips):
+    """On a VNNI CPU, "auto" encodes windows of FUSED_MIN_FRAMES and more on the fused encoder
+    and shorter ones on CTranslate2 (each output compared with the encoder that should have
+    made it); with VNNI switched off (the AVX2 path, 0.4-0.6x CT2) every window stays on
+    CTranslate2 - checked in a child process, so both branches run on any VNNI machine."""
+    import ctranslate2
+
+    from audiofast.asr.ct2_runtime import FUSED_MIN_FRAMES, fused_encoder_pays
+
+    auto = CT2Whisper("whisper-base", threads=2, encoder="auto")
+    if not fused_encoder_pays():
+        assert auto.own_encoder is None
+        pytest.skip("no AVX-512 VNNI here: auto is CTranslate2 only (asserted)")
+    mel = log_mel_spectrogram(load_audio(clips["endgame_nagg_nell"].audio), auto.n_mels)
+    for frames in (3000, FUSED_MIN_FRAMES, 1200):
+        window = np.ascontiguousarray(pad_or_trim(mel, 3000)[None, :, :frames])
+        got = np.array(auto.encode_batch(window))
+        fused = frames >= FUSED_MIN_FRAMES
+        want = auto.own_encoder(window) if fused else np.array(
+            auto.model.encode(ctranslate2.StorageView.from_array(window)))
+        np.testing.assert_array_equal(got, want, err_msg=f"{frames} frames, fused={fused}")
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", "from audiofast.asr.ct2_runtime import CT2Whisper\n"
+         "m = CT2Whisper('whisper-base', threads=2, encoder='auto')\n"
+         "print(type(m.own_encoder).__name__)"],
+        capture_output=True, text=True, env={**__import__("os").environ,
+                                             "AUDIOFAST_NO_VNNI": "1"}, check=True)
+    assert child.stdout.strip() == "NoneType", child.stdout + child.stderr

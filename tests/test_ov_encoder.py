@@ -58,5 +58,5 @@ def test_export_is_cached_and_bad_encoder_names_are_refused(ov_base):
     again = OpenVINOEncoder(ov_base.resolved.ct2_dir, threads=2)
     assert again.path == ov_base.own_encoder.path
     assert again.path.stat().st_mtime_ns == ov_base.own_encoder.path.stat().st_mtime_ns
-    with pytest.raises(ValueError, match="encoder must be one of ct2, openvino, auto, fused"):
+    with pytest.raises(ValueError, match="encoder must be one of auto, ct2, fused, openvino"):
         CT2Whisper("whisper-base", encoder="tpu")

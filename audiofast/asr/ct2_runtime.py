@@ -19,25 +19,38 @@ from audiofast.asr.word_timing import MEDIAN_FILTER_WIDTH
 from audiofast.audio import AudioSource, load_audio
 from audiofast.models import resolve_model
 
-# Where OpenVINO's fp32 encoder overtakes CTranslate2's int8 one on this AVX2 CPU (2 threads,
-# whisper-base, min of 5): 2000 frames 0.28 s CT2 vs 0.34 s OV; 2400: 0.55 vs 0.45; 3000:
-# 0.81 vs 0.64. CT2's time jumps between 2000 and 2400 frames; OpenVINO's grows smoothly.
-OV_MIN_FRAMES = 2200
-ENCODERS = ("ct2", "openvino", "auto", "fused")
+# Where the fused encoder (fused_encoder.py) overtakes CTranslate2's with AVX-512 VNNI
+# (scripts/bench_encoder.py, 2-core Xeon, whisper-base, median of 7): 3000 frames 431 vs 562 ms;
+# at 500-2000 frames within +-10 % either way (CT2 is quick up to 2000 frames). On the AVX2 path
+# it is 0.4-0.6x CT2, so "auto" uses it only where the CPU has VNNI.
+FUSED_MIN_FRAMES = 2400
+ENCODERS = ("auto", "ct2", "fused", "openvino")
+
+
+def fused_encoder_pays() -> bool:
+    """Whether "auto" encodes long windows on the fused encoder: our kernels are built here
+    and take the AVX-512 VNNI path."""
+    from audiofast.asr import kernels
+
+    return kernels.backend() != "none" and kernels.uses_vnni()
 
 
 class CT2Whisper:
-    """A Whisper model on CTranslate2 (the encoder optionally on OpenVINO): one window at a
-    time (longform.py) or chunks side by side (batched.py)."""
+    """A Whisper model on CTranslate2 (the encoder optionally fused or on OpenVINO): one window
+    at a time (longform.py) or chunks side by side (batched.py)."""
 
     def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8",
-                 seed: int = 0, encoder: str = "ct2"):
-        """``encoder``: "ct2"; "openvino" (fp32 on OpenVINO: ov_encoder.py); "auto":
-        OpenVINO for windows of at least ``OV_MIN_FRAMES``, CTranslate2 for shorter ones; or
-        "fused" (our int8 kernels: fused_encoder.py)."""
+                 seed: int = 0, encoder: str = "auto"):
+        """``encoder``: "auto" (default): the fused encoder for windows of ``FUSED_MIN_FRAMES``
+        and more on a CPU with VNNI, CTranslate2's for the rest; "ct2"; "fused" (our int8
+        kernels, every window: fused_encoder.py); "openvino" (fp32 on OpenVINO:
+        ov_encoder.py)."""
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, not {encoder!r}")
-        self.ov_min_frames = OV_MIN_FRAMES if encoder == "auto" else 0
+        self.own_min_frames = 0  # shorter windows go to CTranslate2's encoder
+        if encoder == "auto":
+            encoder = "fused" if fused_encoder_pays() else "ct2"
+            self.own_min_frames = FUSED_MIN_FRAMES
         self.resolved = resolve_model(model)
         # Temperature fallback samples: seed CTranslate2's generator so runs are reproducible.
         ctranslate2.set_random_seed(seed)
@@ -75,7 +88,7 @@ class CT2Whisper:
     def encode_batch(self, mel_windows: np.ndarray) -> ctranslate2.StorageView:
         """Encode (batch, n_mels, frames) windows of one length in one call."""
         mel_windows = np.ascontiguousarray(mel_windows, dtype=np.float32)
-        if self.own_encoder is None or mel_windows.shape[-1] < self.ov_min_frames:
+        if self.own_encoder is None or mel_windows.shape[-1] < self.own_min_frames:
             return self.model.encode(ctranslate2.StorageView.from_array(mel_windows))
         # generate() takes encoder output as well as features; the view borrows the array's
         # memory, so the array is kept alive until the next encode.

@@ -41,7 +41,7 @@ class FastWhisper:
 
     def __init__(self, model: str | None = None, threads: int = 0,
                  precision: Precision | None = None, drafter: str = "none", seed: int = 0,
-                 draft_model: str | Path | None = None, encoder: str = "ct2",
+                 draft_model: str | Path | None = None, encoder: str = "auto",
                  ct2: CT2Whisper | None = None):
         """``precision``: int8 (or int4, int4-head8, int8-head4) decodes on the fused C++
         decoder (its packed weights cached on disk, packed_cache.py), fp32 on the eager

@@ -72,7 +72,7 @@ class AutoWhisper:
 
 
 def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,
-               compute_type: str = "int8", precision: str | None = None, encoder: str = "ct2",
+               compute_type: str = "int8", precision: str | None = None, encoder: str = "auto",
                drafter: str = "none", draft_model: str | Path | None = None, seed: int = 0):
     """A Whisper model ready to ``transcribe()`` (``model``: a packaged name, a CTranslate2
     folder or a hub id; None: the packaged default). ``compute_type`` is CTranslate2's;

@@ -28,10 +28,11 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
-    p.add_argument("--encoder", choices=["ct2", "openvino", "auto", "fused"], default="ct2",
-                   help="audio encoder: CTranslate2 int8, OpenVINO fp32 (exported once into "
-                   "the cache), auto (OpenVINO for windows of 22 s and more), or fused "
-                   "(audiofast's int8 kernels, attention in fp32)")
+    p.add_argument("--encoder", choices=["auto", "ct2", "fused", "openvino"], default="auto",
+                   help="audio encoder: auto (default: fused for windows of 24 s and more on "
+                   "a CPU with AVX-512 VNNI, else CTranslate2), ct2 (CTranslate2 int8), fused "
+                   "(audiofast's int8 kernels, attention in fp32), or openvino (fp32, exported "
+                   "once into the cache)")
     p.add_argument("--engine", choices=["auto", "ct2", "fast"], default="auto",
                    help="decoder: audiofast's own int8 engine (fast: greedy, ~3x faster-whisper "
                    "with its C++ kernels) or CTranslate2 (ct2: beams, batched chunks, other "

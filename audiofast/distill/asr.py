@@ -187,7 +187,7 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    teacher_rt = CT2Whisper(model, threads=threads)
+    teacher_rt = CT2Whisper(model, threads=threads, encoder="ct2")
     if threads:
         torch.set_num_threads(threads)
     tok, source = teacher_rt.tokenizer, teacher_rt.resolved.ct2_dir
@@ -248,7 +248,7 @@ def distill_drafter(model: str, recipe: DrafterRecipe, workdir: str | Path,
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    teacher_rt = CT2Whisper(model, threads=threads)
+    teacher_rt = CT2Whisper(model, threads=threads, encoder="ct2")
     if threads:
         torch.set_num_threads(threads)
     source = teacher_rt.resolved.ct2_dir

@@ -228,7 +228,7 @@ def distill_block_drafter(model: str, recipe: BlockDrafterRecipe, workdir: str |
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    target = FastWhisper(model, threads=threads, precision="int8")
+    target = FastWhisper(model, threads=threads, precision="int8", encoder="ct2")
     if threads:
         torch.set_num_threads(threads)
     teacher_rt, tok = target.ct2, target.tokenizer

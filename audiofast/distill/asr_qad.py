@@ -147,7 +147,7 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
         raise ValueError(f"the packer rounds in groups of {GROUP}; QAD must train on the same")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    teacher_rt = CT2Whisper(model, threads=threads)
+    teacher_rt = CT2Whisper(model, threads=threads, encoder="ct2")
     if threads:
         torch.set_num_threads(threads)
     sentences, _ = split_corpus(domain_corpus())

@@ -91,7 +91,7 @@ class WhisperEmbedder:
 
         self.name = f"{model}-short" if short_windows else model
         self.short_windows = short_windows
-        self.runtime = CT2Whisper(model, threads=threads)
+        self.runtime = CT2Whisper(model, threads=threads, encoder="ct2")  # FAD: one encoder
 
     def embed(self, audio: np.ndarray) -> np.ndarray:
         from audiofast.asr.features import N_SAMPLES, log_mel_spectrogram, pad_or_trim
