@@ -106,9 +106,10 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=["pad=10"])
     parser.add_argument("--dialogues", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--encoder", default="auto", help="as transcribe's --encoder")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
-    runtime = load_model(args.model, threads=args.threads)
+    runtime = load_model(args.model, threads=args.threads, encoder=args.encoder)
     clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
              for c in real_speech_clips()] + dialogues(args.dialogues)
     ct2 = getattr(runtime, "ct2", runtime)  # auto: its CTranslate2 model
@@ -164,7 +165,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {"machine": platform.processor() or platform.machine(), "model": args.model,
-                  "results": results}
+                  "encoder": args.encoder, "results": results}
         args.out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         args.out.with_suffix(".md").write_text("\n".join(table) + "\n")
 

@@ -27,6 +27,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=("auto", "fast", "ct2"), default="auto",
                    help="decoder: auto = the fused int8 decoder where its kernels are built, "
                         "else CTranslate2 (as transcribe)")
+    p.add_argument("--encoder", choices=("auto", "ct2", "fused", "openvino"), default="auto",
+                   help="audio encoder, as transcribe's (auto: fused for buffers of 24 s and "
+                        "more on a CPU with AVX-512 VNNI, else CTranslate2)")
     p.add_argument("--no-draft", action="store_true",
                    help="do not verify the previous hypothesis as a draft (fused decoder)")
     p.add_argument("--min-chunk", type=float, default=0.5,
@@ -57,7 +60,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
                             allow_origins=tuple(args.allow_origin), http_port=args.http_port)
-    runtime = load_model(args.model, args.engine, threads=args.threads)
+    runtime = load_model(args.model, args.engine, threads=args.threads, encoder=args.encoder)
     server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft,
                                  probe_pad_s=args.probe_pad)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
