@@ -18,11 +18,12 @@ turn) at real-time pace over loopback. Reported per N:
   hypothesis as a draft) and milliseconds of decoder time per decoded token, and the share
   of decode time spent in the encoder
 
-Each ``--engines`` entry is a server of its own (``audiofast serve --engine E [--pad S]``,
-spelled ``E`` or ``E+padS``), run side by side in one invocation: ``ct2`` is the old engine
-(CTranslate2's generate), ``auto`` the fused int8 decoder with drafts. ``--baseline DIR``
-also runs each engine from another checkout of audiofast (a ``git worktree`` of an older
-commit), labelled ``before/E``, right before this tree's: old and new in one run.
+Each ``--engines`` entry is a server of its own (``audiofast serve --engine E [--pad S]
+[--encoder X]``, spelled ``E``, ``E+padS``, ``E+encX``), run side by side in one invocation:
+``ct2`` is the old engine (CTranslate2's generate), ``auto`` the fused int8 decoder with
+drafts. ``--baseline DIR`` also runs each engine from another checkout of audiofast (a ``git
+worktree`` of an older commit), labelled ``before/E``, right before this tree's: old and new
+in one run.
 
     python scripts/bench_stream.py --models whisper-base whisper-tiny.en --clients 1 2 4 8 \
         --engines ct2 auto --baseline /tmp/old
@@ -82,12 +83,14 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
 
 def start_server(model: str, port: int, threads: int, engine: str,
                  tree: Path | None = None) -> subprocess.Popen:
-    """``engine``: ENGINE[+padSECONDS] (serve's --engine and --pad); ``tree``: run the
-    audiofast of that checkout instead of this one."""
-    name, *pad = engine.split("+pad")
+    """``engine``: ENGINE[+padSECONDS][+encENCODER] (serve's --engine, --pad and --encoder);
+    ``tree``: run the audiofast of that checkout instead of this one."""
+    name, *parts = engine.split("+")
+    flags = {"pad": "--pad", "enc": "--encoder"}
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
            str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", name,
-           *(["--pad", pad[0]] if pad else [])]
+           *(x for p in parts for key, flag in flags.items() if p.startswith(key)
+             for x in (flag, p[len(key):]))]
     # ``-m`` puts the working directory first on sys.path: run in the tree that should serve
     env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -165,7 +168,7 @@ def summarize(model: str, engine: str, n: int, rows: list[dict], memory: dict,
     stats = served["decoder"]
     decode_s = stats["encoder_s"] + stats["decoder_s"]
     return {
-        "model": model, "engine": engine.replace("auto", served["engine"]), "clients": n,
+        "model": model, "engine": engine.replace("auto", served["engine"], 1), "clients": n,
         "loop_retries": stats.get("full_window"),
         "first_partial_p50": percentile(first, 50), "first_partial_p95": percentile(first, 95),
         "commit_p50": percentile(commits, 50), "commit_p95": percentile(commits, 95),
