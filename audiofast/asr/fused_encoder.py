@@ -1,14 +1,15 @@
 """Whisper's audio encoder on audiofast's C++ kernels: int8 linears, float32 attention.
 
-The encoder is about half of a transcription once the decoder is fused (2.0 of 3.8 s on the
-four real clips). Here every linear (Q/K/V, output, both feed-forward layers, and the two
-convolutions as linears over each output frame's 3-frame input window) is the decoder's int8
-kernel (kernels/int8_linear.cpp): the weights are CTranslate2's int8 values re-packed (one
+The encoder is about half of a transcription once the decoder is fused (1.7 of 3.0 s on the
+four real clips). Here every layer's linears (Q/K/V, output, both feed-forward layers) are the
+decoder's int8 kernel (kernels/int8_linear.cpp): CTranslate2's int8 weights re-packed (one
 scale per output channel), each frame's activations quantized over that frame's own range.
 Norms, GELU and attention (float32) run in the same C++ op (kernels/encoder_forward.cpp) on
 the same thread pool: with torch doing the attention between our linears the two runtimes'
-threads fought over the two cores. No torch at run time (only to pack the weights once into
-the cache), so the torch-free transcription path stays torch-free.
+threads fought over the two cores. The two convolutions are float32 matrix products over each
+output frame's 3-frame input window (numpy's BLAS on one thread). No torch at run time (only
+to pack the weights once into the cache). With AVX-512 VNNI it beats CTranslate2 on 30 s
+windows; on the AVX2 path it does not (ct2_runtime.FUSED_MIN_FRAMES says where "auto" uses it).
 """
 
 from __future__ import annotations
@@ -102,9 +103,10 @@ class FusedEncoder:
 
     def __call__(self, mel: np.ndarray) -> np.ndarray:
         mel = np.asarray(mel, dtype=np.float32)
-        if mel.ndim != 3 or mel.shape[-1] > 2 * len(self.positions):
-            raise ValueError(f"the encoder takes (batch, n_mels, frames <= "
-                             f"{2 * len(self.positions)}) mel windows, not {mel.shape}")
+        n_mels, most = self.convs[0][0].shape[0] // 3, 2 * len(self.positions)
+        if mel.ndim != 3 or mel.shape[1] != n_mels or not 1 <= mel.shape[2] <= most:
+            raise ValueError(f"the encoder takes (batch, {n_mels} mels, 1..{most} frames) "
+                             f"windows, not {mel.shape}")
         batch = mel.shape[0]
         x = mel.transpose(0, 2, 1)
         if self._blas is None:

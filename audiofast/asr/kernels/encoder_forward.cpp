@@ -1,12 +1,13 @@
-// Whisper's encoder layers, all of them in one C++ op (the convolutions stay on torch).
+// Whisper's encoder layers, all of them in one C++ op (the convolutions run before it:
+// fused_encoder.py).
 //
 // Run with torch doing attention and norms between our int8 linears, a 30 s window took as
 // long as CTranslate2's encoder although every op alone was 2x faster: each hand-over woke
 // the other runtime's threads while the previous one's were still spinning on the same two
 // cores (a linear right after torch's attention took 14-20 ms instead of 7). Here every loop
 // runs on the one pool. Linears: the decoder's int8 kernel, each frame quantized over its own
-// range. Attention: float32, a block of 4 queries against 16 keys at a time from a per-head
-// key layout read front to back, softmax, then the values.
+// range. Attention: float32, a block of 4 queries (8 with AVX-512) against 16 keys at a time
+// from a per-head key layout read front to back, softmax, then the values.
 #include "encoder_forward.h"
 
 #include <algorithm>
@@ -260,7 +261,8 @@ void encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
     const Array* p = params + 2 + l * kLayerSize;
     const auto qkv_proj = linear_at(p, kQkv), out_proj = linear_at(p, kOut);
     const auto fc1 = linear_at(p, kFc1), fc2 = linear_at(p, kFc2);
-    check(qkv_proj.in == d && qkv_proj.out == 3 * d && out_proj.out == d && fc2.out == d,
+    check(qkv_proj.in == d && qkv_proj.out == 3 * d && out_proj.in == d && out_proj.out == d &&
+              fc1.in == d && fc1.out == ff && fc2.in == ff && fc2.out == d,
           "encoder_forward: linear shapes do not match the model width");
     layer_norm_rows(x, p[kAttnNorm], p[kAttnNorm + 1], rows, d, normed.data());
     linear(qkv_proj, normed.data(), rows, qkv.data());
