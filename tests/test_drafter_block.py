@@ -223,3 +223,13 @@ def test_distill_block_drafter_command_trains_resumes_and_transcribes(tmp_path, 
     assert main(["transcribe", clip, "--model", "whisper-tiny.en", "--engine", "fast",
                  "--drafter", "block", "--draft-model", str(tmp_path / "block")]) == 0
     assert capsys.readouterr().out == plain and "fail" in plain.lower()
+
+
+def test_kind_is_refused_outside_the_drafter_stage():
+    """--kind chooses a drafter; given to another stage it used to be ignored silently (the
+    console command prints this SystemExit's one line and exits 2)."""
+    from audiofast.cli import main
+
+    for stage in ("vocab", "steps"):
+        with pytest.raises(SystemExit, match=f"--kind is for --stage drafter, not {stage}"):
+            main(["distill", "--stage", stage, "--kind", "block"])

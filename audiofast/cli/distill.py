@@ -20,9 +20,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                    "cfg / steps / qad: the SA3 stages (qad --lane asr: the Whisper decoder)")
     p.add_argument("--lane", choices=["asr", "sa3"], default=None,
                    help="for qad: which lane (default: sa3; --bits implies asr)")
-    p.add_argument("--kind", choices=["model", "block"], default="model",
-                   help="drafter: a 2-layer draft decoder (model) or a block drafter that "
-                   "guesses several tokens per pass from the target's hidden state (block)")
+    p.add_argument("--kind", choices=["model", "block"], default=None,
+                   help="drafter: a 2-layer draft decoder (model, default) or a block drafter "
+                   "that guesses several tokens per pass from the target's hidden state (block)")
     p.add_argument("--bits", type=int, choices=[4], default=None,
                    help="ASR qad: the decoder layers' weight bits")
     p.add_argument("--head-bits", type=int, choices=[8, 4], default=8,
@@ -60,6 +60,8 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_distill(args: argparse.Namespace) -> int:
+    if args.kind is not None and args.stage != "drafter":
+        raise SystemExit(f"audiofast: error: --kind is for --stage drafter, not {args.stage}")
     asr_qad = args.stage == "qad" and (args.lane == "asr" or args.bits is not None)
     if asr_qad:
         return _run_qad_asr(args)
