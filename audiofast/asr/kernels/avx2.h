@@ -79,6 +79,18 @@ inline void gelu(float* x, int64_t n) {
   }
 }
 
+// A row of n scores (n a multiple of 8) -> exp(score - top) in place; returns 1 / their sum.
+inline float softmax_numerators(float* s, int64_t n, float top) {
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), topv));
+    _mm256_storeu_ps(s + t, e);
+    total = _mm256_add_ps(total, e);
+  }
+  return 1.f / sum8(total);
+}
+
 // One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float,
 // fp16 or int8 widened as read; int8 rows times their key_scale / value_scale, else those are
 // null), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are contiguous, so
@@ -101,14 +113,9 @@ void attend(const float* q, const T* keys, const T* values, int64_t n, float* sc
     if (key_scale) scores[t] *= key_scale[t];
     top = scores[t] > top ? scores[t] : top;
   }
-  for (int64_t t = n; t < ((n + 7) & ~int64_t{7}); ++t) scores[t] = -INFINITY;
-  const __m256 topv = _mm256_set1_ps(top);
-  __m256 total = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; t += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), topv));
-    _mm256_storeu_ps(scores + t, e);
-    total = _mm256_add_ps(total, e);
-  }
+  const int64_t padded = (n + 7) & ~int64_t{7};
+  for (int64_t t = n; t < padded; ++t) scores[t] = -INFINITY;
+  const float inv_total = softmax_numerators(scores, padded, top);
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t t = 0; t < n; ++t) {
@@ -116,7 +123,7 @@ void attend(const float* q, const T* keys, const T* values, int64_t n, float* sc
     const T* row = values + t * kHeadDim;
     for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(row + 8 * i), acc[i]);
   }
-  const __m256 inv = _mm256_set1_ps(1.f / sum8(total));
+  const __m256 inv = _mm256_set1_ps(inv_total);
   for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
 }
 

@@ -116,14 +116,7 @@ void attend_tile(const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t
     for (int64_t t = 0; t < padded; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(s + t));
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, most);
-    const __m256 topv = _mm256_set1_ps(*std::max_element(lanes, lanes + 8));
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t t = 0; t < padded; t += 8) {
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), topv));
-      _mm256_storeu_ps(s + t, e);
-      total = _mm256_add_ps(total, e);
-    }
-    inv[r] = 1.f / sum8(total);
+    inv[r] = softmax_numerators(s, padded, *std::max_element(lanes, lanes + 8));
   }
   for (int64_t c = 0; c < kHeadDim; c += 16) {
     __m256 acc[kQueries][2];
@@ -183,15 +176,7 @@ __attribute__((target("avx512f"))) void attend_tile_512(
   }
   float inv[R];
   for (int64_t r = 0; r < R; ++r) {
-    float* s = scores + r * padded;
-    const __m256 top = _mm256_set1_ps(_mm512_reduce_max_ps(most[r]));
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t t = 0; t < padded; t += 8) {
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), top));
-      _mm256_storeu_ps(s + t, e);
-      total = _mm256_add_ps(total, e);
-    }
-    inv[r] = 1.f / sum8(total);
+    inv[r] = softmax_numerators(scores + r * padded, padded, _mm512_reduce_max_ps(most[r]));
   }
   for (int64_t r0 = 0; r0 < R; r0 += 4) {
     __m512 acc[4][4];
