@@ -70,7 +70,8 @@ def test_auto_sends_long_windows_to_the_fused_encoder_only_where_vnni_pays(clips
     """On a VNNI CPU, "auto" encodes windows of FUSED_MIN_FRAMES and more on the fused encoder
     and shorter ones on CTranslate2 (each output compared with the encoder that should have
     made it); with VNNI switched off (the AVX2 path, 0.4-0.6x CT2) every window stays on
-    CTranslate2 - checked in a child process, so both branches run on any VNNI machine."""
+    CTranslate2, and so does a process without the kernels - checked in child processes, so
+    every branch runs on any VNNI machine."""
     import ctranslate2
 
     from audiofast.asr.ct2_runtime import FUSED_MIN_FRAMES, fused_encoder_pays
@@ -90,10 +91,11 @@ def test_auto_sends_long_windows_to_the_fused_encoder_only_where_vnni_pays(clips
     import subprocess
     import sys
 
-    child = subprocess.run(
-        [sys.executable, "-c", "from audiofast.asr.ct2_runtime import CT2Whisper\n"
-         "m = CT2Whisper('whisper-base', threads=2, encoder='auto')\n"
-         "print(type(m.own_encoder).__name__)"],
-        capture_output=True, text=True, env={**__import__("os").environ,
-                                             "AUDIOFAST_NO_VNNI": "1"}, check=True)
-    assert child.stdout.strip() == "NoneType", child.stdout + child.stderr
+    for switch in ({"AUDIOFAST_NO_VNNI": "1"}, {"AUDIOFAST_KERNELS": "none"}):  # no kernels
+        child = subprocess.run(
+            [sys.executable, "-c", "from audiofast.asr.ct2_runtime import CT2Whisper\n"
+             "m = CT2Whisper('whisper-base', threads=2, encoder='auto')\n"
+             "print(type(m.own_encoder).__name__)"],
+            capture_output=True, text=True, env={**__import__("os").environ, **switch},
+            check=True)
+        assert child.stdout.strip() == "NoneType", (switch, child.stdout + child.stderr)

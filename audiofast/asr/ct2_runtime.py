@@ -29,10 +29,11 @@ ENCODERS = ("auto", "ct2", "fused", "openvino")
 
 def fused_encoder_pays() -> bool:
     """Whether "auto" encodes long windows on the fused encoder: our kernels are built here
-    and take the AVX-512 VNNI path."""
+    (asked as the decoder's auto asks: choosing never starts a build) and take the AVX-512
+    VNNI path."""
     from audiofast.asr import kernels
 
-    return kernels.backend() != "none" and kernels.uses_vnni()
+    return kernels.is_built() and kernels.backend() != "none" and kernels.uses_vnni()
 
 
 class CT2Whisper:
