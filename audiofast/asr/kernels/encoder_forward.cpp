@@ -174,10 +174,10 @@ void gather_keys_int8(const float* qkv, int64_t frames, int64_t d, int64_t h, In
 }
 
 // attend_tile with AVX-512 VNNI: scores from int8 keys and 8-bit queries (the encoder's mean
-// relative error vs float32: 0.0351 vs 0.0350 with float scores at 3000 frames, 0.044-0.048 vs
-// 0.041-0.047 at 1000 - CTranslate2's 0.042 / 0.052; 30 s windows ~1.2x faster), values in
-// float32 16 dims per register; 8 queries per call. Not the AVX2 path's arithmetic: close, not equal (the encoder's output is
-// not required to match across CPUs, the decoder's is).
+// relative error vs float32 0.0351 vs 0.0350 with float scores at 3000 frames, 0.044-0.048 vs
+// 0.041-0.047 at 1000, CTranslate2's 0.042 / 0.052; 30 s windows ~1.2x faster), values in
+// float32, 16 dims per register; 8 queries per call. Not the AVX2 path's arithmetic: close, not
+// equal (the encoder's output need not match across CPUs; the decoder's must).
 constexpr int64_t kQueries512 = 8;
 
 // Scores of 8 queries (8-bit over each query's range) against int8 keys: 16 vpdpbusd per 16
@@ -230,12 +230,10 @@ __attribute__((target("avx512f"))) void attend_tile_512(
   }
   __m512 most[R];
   for (auto& m : most) m = _mm512_set1_ps(-INFINITY);
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   score_int8_512(q, k8, frames, padded, scores, most);
   float inv[R];
-  for (int64_t r = 0; r < R; ++r) {
+  for (int64_t r = 0; r < R; ++r)
     inv[r] = softmax_numerators(scores + r * padded, padded, _mm512_reduce_max_ps(most[r]));
-  }
   for (int64_t r0 = 0; r0 < R; r0 += 4) {
     __m512 acc[4][4];
     for (auto& a : acc)
