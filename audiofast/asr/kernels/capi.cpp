@@ -94,8 +94,8 @@ int audiofast_encoder_forward(float* x, int64_t batch, int64_t frames, int64_t h
   return guarded([&] { audiofast::encoder_forward(x, batch, frames, heads, params, n_params); });
 }
 
-// Exact GELU in place over n floats (a multiple of 8), rows across threads: the encoder's
-// convolutions, run as int8 linears over their input windows (fused_encoder.py).
+// Exact GELU in place over n floats (a multiple of 8), slices across threads: after each of
+// the fused encoder's convolutions (fused_encoder.py).
 int audiofast_gelu(float* x, int64_t n) {
   return guarded([&] {
     audiofast::check(n % 8 == 0, "gelu: the length must be a multiple of 8");
