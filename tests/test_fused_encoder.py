@@ -61,9 +61,9 @@ def test_bad_windows_are_refused_in_one_line(fused_base):
     for bad in ((1, 80, 3002), (80, 100), (1, 128, 100), (1, 80, 0)):  # too long, no batch,
         with pytest.raises(ValueError, match="80 mels, 1..3000 frames"):  # large-v3 mels, empty
             fused_base.own_encoder(np.zeros(bad, np.float32))
-    with pytest.raises(ValueError, match="encoder_forward: x must be"):
-        kernels.encoder_forward(np.zeros((1, 10, 500), np.float32), 8,
-                                fused_base.own_encoder.params)
+    for x in (np.zeros((1, 10, 500), np.float32), np.zeros((1, 10, 512))):  # width, dtype
+        with pytest.raises(ValueError, match="encoder_forward_: x must be"):
+            kernels.encoder_forward_(x, 8, fused_base.own_encoder.params)
 
 
 def test_auto_sends_long_windows_to_the_fused_encoder_only_where_vnni_pays(clips):

@@ -2,8 +2,9 @@
 
 The encoder is about half of a transcription once the decoder is fused (1.7 of 3.0 s on the
 four real clips). Here every layer's linears (Q/K/V, output, both feed-forward layers) are the
-decoder's int8 kernel (kernels/int8_linear.cpp): CTranslate2's int8 weights re-packed (one
-scale per output channel), each frame's activations quantized over that frame's own range.
+decoder's int8 kernel (kernels/int8_linear.cpp): CTranslate2's weights quantized again as the
+decoder's are (int8_pack.py: one scale per output channel), each frame's activations over that
+frame's own range.
 Norms, GELU and attention (float32) run in the same C++ op (kernels/encoder_forward.cpp) on
 the same thread pool: with torch doing the attention between our linears the two runtimes'
 threads fought over the two cores. The two convolutions are float32 matrix products over each
@@ -119,5 +120,5 @@ class FusedEncoder:
             for (weight, bias), stride in zip(self.convs, (1, 2), strict=True):
                 y = kernels.gelu_(np.matmul(conv_windows(x, stride), weight) + bias)
                 x = y.reshape(batch, -1, y.shape[1])
-        return kernels.encoder_forward(x + self.positions[: x.shape[1]], self.n_heads,
-                                       self.params)
+        return kernels.encoder_forward_(x + self.positions[: x.shape[1]], self.n_heads,
+                                        self.params)  # a new array: safe to overwrite

@@ -218,14 +218,15 @@ def gelu_(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def encoder_forward(x: np.ndarray, heads: int, params: ctypes.Array) -> np.ndarray:
-    """Whisper's encoder layers (kernels/encoder_forward.cpp) over x (batch, frames, width)
-    float32, the convolutions' output plus positions; ``params``: :func:`as_arrays` of the
-    final norm, then each layer's 20 arrays (fused_encoder.py lists them). Returns the output
-    (after the final norm), computed in a copy of ``x``."""
-    x = np.array(x, dtype=np.float32, order="C")
-    if x.ndim != 3 or x.shape[2] != heads * 64:
-        raise ValueError("encoder_forward: x must be (batch, frames, heads x 64) float32")
+def encoder_forward_(x: np.ndarray, heads: int, params: ctypes.Array) -> np.ndarray:
+    """Whisper's encoder layers (kernels/encoder_forward.cpp), in place over x (batch, frames,
+    width), the convolutions' output plus positions: x becomes the output (after the final
+    norm); returns it. ``params``: :func:`as_arrays` of the final norm, then each layer's 20
+    arrays (fused_encoder.py lists them)."""
+    if (x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.writeable
+            or x.ndim != 3 or x.shape[2] != heads * 64):
+        raise ValueError("encoder_forward_: x must be a writable C-contiguous float32 "
+                         "(batch, frames, heads x 64) array")
     _check(_library().audiofast_encoder_forward(x.ctypes.data, x.shape[0], x.shape[1], heads,
                                                 params, len(params)))
     return x

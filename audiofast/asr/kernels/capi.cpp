@@ -3,13 +3,11 @@
 // Every function returns a status (0: done; 1: bad input, raised as ValueError; 2: out of
 // memory, MemoryError; 3: anything else, RuntimeError) and leaves the message for
 // audiofast_last_error(). No exception crosses into Python.
-#include <algorithm>
 #include <cstdint>
 #include <new>
 #include <string>
 
 #include "array.h"
-#include "avx2.h"
 #include "cross_attention.h"
 #include "decoder_step.h"
 #include "encoder_forward.h"
@@ -94,16 +92,10 @@ int audiofast_encoder_forward(float* x, int64_t batch, int64_t frames, int64_t h
   return guarded([&] { audiofast::encoder_forward(x, batch, frames, heads, params, n_params); });
 }
 
-// Exact GELU in place over n floats (a multiple of 8), slices across threads: after each of
-// the fused encoder's convolutions (fused_encoder.py).
+// Exact GELU in place (encoder_forward.h): after each of the fused encoder's convolutions
+// (fused_encoder.py).
 int audiofast_gelu(float* x, int64_t n) {
-  return guarded([&] {
-    audiofast::check(n % 8 == 0, "gelu: the length must be a multiple of 8");
-    audiofast::parallel_for(n / 4096 + 1, [&](int64_t b0, int64_t b1) {
-      const int64_t lo = std::min(n, b0 * 4096), hi = std::min(n, b1 * 4096);
-      audiofast::gelu(x + lo, hi - lo);
-    });
-  });
+  return guarded([&] { audiofast::parallel_gelu(x, n); });
 }
 
 // keys, values (heads, frames, 64) fp16 from a window's projected kv (frames, 2 x heads x 64).

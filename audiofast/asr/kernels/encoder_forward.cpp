@@ -31,6 +31,19 @@ enum LayerParam : int { kAttnNorm = 0, kQkv = 2, kOut = 6, kFfnNorm = 10, kFc1 =
                         kLayerSize = 20 };
 static_assert(kLayerSize == 2 * 2 + 4 * kArraysPerLinear);
 
+// Keys rounded up to whole tiles (the tiles' and score rows' length).
+int64_t padded_keys(int64_t frames) { return (frames + kKeys - 1) / kKeys * kKeys; }
+
+// R query rows from q0 on (rows past `frames` repeat the last: computed, then dropped), head
+// h, pre-scaled by 1 / sqrt(64) (exact), out of the qkv rows (frames, 3 x d).
+void load_queries(const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0,
+                  int64_t R, float (*q)[kHeadDim]) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* src = qkv + std::min(q0 + r, frames - 1) * 3 * d + h * kHeadDim;
+    for (int64_t i = 0; i < kHeadDim; ++i) q[r][i] = src[i] * 0.125f;
+  }
+}
+
 // Layer norm of every row (eps 1e-5), rows across threads; the sums in 8 float lanes.
 void layer_norm_rows(const float* x, const Array& weight, const Array& bias, int64_t rows,
                      int64_t d, float* out) {
@@ -72,7 +85,7 @@ void add_into(float* x, const float* y, int64_t n) {
 // dims, dims outer (keys past `frames` zero), copied out of the qkv rows (frames, 3 x d).
 void gather_head(const float* qkv, int64_t frames, int64_t d, int64_t h, float* tiles,
                  float* values) {
-  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  const int64_t padded = padded_keys(frames);
   if (tiles) std::fill(tiles, tiles + padded * kHeadDim, 0.f);
   for (int64_t t = 0; t < frames; ++t) {
     if (tiles) {
@@ -88,12 +101,9 @@ void gather_head(const float* qkv, int64_t frames, int64_t d, int64_t h, float* 
 // every key, softmax, then the values. scores holds 4 x padded floats.
 void attend_tile(const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0,
                  const float* tiles, const float* values, float* scores, float* out) {
-  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  const int64_t padded = padded_keys(frames);
   alignas(32) float q[kQueries][kHeadDim];
-  for (int64_t r = 0; r < kQueries; ++r) {
-    const float* src = qkv + std::min(q0 + r, frames - 1) * 3 * d + h * kHeadDim;
-    for (int64_t i = 0; i < kHeadDim; ++i) q[r][i] = src[i] * 0.125f;  // 1 / sqrt(64), exact
-  }
+  load_queries(qkv, frames, d, h, q0, kQueries, q);
   for (int64_t t = 0; t < padded; t += kKeys) {
     const float* tile = tiles + t * kHeadDim;
     __m256 acc[kQueries][2];
@@ -152,7 +162,7 @@ struct Int8Keys {
 };
 
 void gather_keys_int8(const float* qkv, int64_t frames, int64_t d, int64_t h, Int8Keys k8) {
-  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  const int64_t padded = padded_keys(frames);
   std::fill(k8.tiles, k8.tiles + padded * kHeadDim, int8_t{0});
   std::fill(k8.scale, k8.scale + padded, 0.f);
   std::fill(k8.sum, k8.sum + padded, 0);
@@ -221,13 +231,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void score_int8_512(
 __attribute__((target("avx512f"))) void attend_tile_512(
     const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0, const Int8Keys& k8,
     const float* values, float* scores, float* out) {
-  const int64_t padded = (frames + kKeys - 1) / kKeys * kKeys;
+  const int64_t padded = padded_keys(frames);
   constexpr int64_t R = kQueries512;
   alignas(64) float q[R][kHeadDim];
-  for (int64_t r = 0; r < R; ++r) {
-    const float* src = qkv + std::min(q0 + r, frames - 1) * 3 * d + h * kHeadDim;
-    for (int64_t i = 0; i < kHeadDim; ++i) q[r][i] = src[i] * 0.125f;
-  }
+  load_queries(qkv, frames, d, h, q0, R, q);
   __m512 most[R];
   for (auto& m : most) m = _mm512_set1_ps(-INFINITY);
   score_int8_512(q, k8, frames, padded, scores, most);
@@ -258,15 +265,10 @@ __attribute__((target("avx512f"))) void attend_tile_512(
   }
 }
 
-bool use_avx512() {  // VNNI implies AVX-512 F/BW here (use_vnni checks both)
-  static const bool yes = __builtin_cpu_supports("avx512f") && use_vnni();
-  return yes;
-}
-
 // Full (non-causal) self-attention of one window: qkv (frames, 3 x d) -> out (frames, d).
 void window_attention(const float* qkv, int64_t frames, int64_t heads, float* out) {
-  const int64_t d = heads * kHeadDim, padded = (frames + kKeys - 1) / kKeys * kKeys;
-  const bool vnni = use_avx512();  // int8 keys; else float key tiles
+  const int64_t d = heads * kHeadDim, padded = padded_keys(frames);
+  const bool vnni = use_vnni();  // int8 keys; else float key tiles
   std::vector<float> tiles(vnni ? 0 : heads * padded * kHeadDim),
       values(heads * frames * kHeadDim);
   std::vector<int8_t> key_tiles(vnni ? heads * padded * kHeadDim : 0);
@@ -301,6 +303,14 @@ void window_attention(const float* qkv, int64_t frames, int64_t heads, float* ou
 
 }  // namespace
 
+void parallel_gelu(float* x, int64_t n) {
+  check(n % 8 == 0, "gelu: the length must be a multiple of 8");
+  constexpr int64_t kSlice = 4096;
+  parallel_for((n + kSlice - 1) / kSlice, [&](int64_t b0, int64_t b1) {
+    gelu(x + b0 * kSlice, std::min(n, b1 * kSlice) - b0 * kSlice);
+  });
+}
+
 void encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
                      const Array* params, int64_t n_params) {
   const int64_t d = heads * kHeadDim, rows = batch * frames;
@@ -326,9 +336,7 @@ void encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
     add_into(x, y.data(), rows * d);
     layer_norm_rows(x, p[kFfnNorm], p[kFfnNorm + 1], rows, d, normed.data());
     linear(fc1, normed.data(), rows, hidden.data());
-    parallel_for(rows, [&](int64_t m0, int64_t m1) {
-      gelu(&hidden[m0 * ff], (m1 - m0) * ff);
-    });
+    parallel_gelu(hidden.data(), rows * ff);
     linear(fc2, hidden.data(), rows, y.data());
     add_into(x, y.data(), rows * d);
   }

@@ -13,4 +13,7 @@ namespace audiofast {
 void encoder_forward(float* x, int64_t batch, int64_t frames, int64_t heads,
                      const Array* params, int64_t n_params);
 
+// Whisper's exact GELU in place over n floats (a multiple of 8), slices across threads.
+void parallel_gelu(float* x, int64_t n);
+
 }  // namespace audiofast
