@@ -343,3 +343,43 @@ def test_rescore_recomputes_exactly_the_int8_heads_top_candidates(fast_int8, win
         others = np.setdiff1d(ids, top)
         assert np.array_equal(row[others], row_plain[others])
         assert np.count_nonzero(row[top] != row_plain[top]) >= RESCORE_TOP - 2
+
+
+_DECODE_IN_CHILD = """
+import sys
+import numpy as np
+from audiofast.asr import kernels
+from audiofast.asr.fast_runtime import FastWhisper
+precision, window_path, out_path = sys.argv[1:]
+engine = FastWhisper("whisper-base", threads=2, precision=precision, encoder="ct2").engine
+engine.set_audio(np.load(window_path))
+engine([50258, 50259, 50359, 50364], 0)
+np.save(out_path, engine([440, 2068, 3699, 291, 257, 1702], 4, rowwise=True))
+print("avx512_vnni" if kernels.uses_vnni() else "avx2")
+"""
+
+
+@pytest.mark.parametrize("precision", ["int8", "int8-kv8"])
+def test_decoder_logits_are_the_same_without_vnni(precision, windows, tmp_path):
+    """The AVX-512 path (VNNI linears, 16-float cross-attention over a draft's rows at once)
+    and the AVX2 path give the same logits bit for bit, fp16 or int8 K/V: a transcript does
+    not depend on which CPU made it. Each run says which path it took."""
+    import os
+    import subprocess
+    import sys
+
+    from audiofast.asr import kernels
+
+    if not kernels.uses_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: both runs would take the AVX2 path")
+    np.save(tmp_path / "window.npy", windows[2])
+    logits = {}
+    for isa, env in (("avx512_vnni", {}), ("avx2", {"AUDIOFAST_NO_VNNI": "1"})):
+        ran = subprocess.run([sys.executable, "-c", _DECODE_IN_CHILD, precision,
+                              str(tmp_path / "window.npy"), str(tmp_path / f"{isa}.npy")],
+                             env={**os.environ, **env}, check=True, capture_output=True,
+                             text=True)
+        assert ran.stdout.strip().splitlines()[-1] == isa
+        logits[isa] = np.load(tmp_path / f"{isa}.npy")
+    assert logits["avx2"].shape == (6, 51865)
+    assert np.array_equal(logits["avx512_vnni"], logits["avx2"])

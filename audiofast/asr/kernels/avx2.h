@@ -2,6 +2,7 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -91,40 +92,102 @@ inline float softmax_numerators(float* s, int64_t n, float top) {
   return 1.f / sum8(total);
 }
 
-// One head's attention of a pre-scaled query q (64) over n keys and values (n x 64, float,
-// fp16 or int8 widened as read; int8 rows times their key_scale / value_scale, else those are
-// null), into out (64); scores needs n (+ 7) floats. Each frame's 64 values are contiguous, so
-// keys and values are read front to back once.
+// One head's attention of R <= kAttendRows pre-scaled queries (row r at q + r * q_stride, 64
+// floats) over the same n keys and values (n x 64, float, fp16 or int8 widened as read; int8
+// rows times their key_scale / value_scale, else those are null), row r into out + r *
+// out_stride; scores needs R x (n rounded up to 8) floats. Each key and value row is widened
+// once for all R queries (a draft's rows share their window), yet every query's arithmetic is
+// the one-query case's, in the same order: a row's output does not depend on R.
+constexpr int64_t kAttendRows = 4;
+constexpr int64_t kValueBlock = 64;  // values summed 64 keys at a time: 8 KB of fp16, in L1
+
+template <int R, typename T>
+void attend_rows_fixed(const float* q, int64_t q_stride, const T* keys, const T* values,
+                       int64_t n, float* scores, float* out, int64_t out_stride,
+                       const float* key_scale, const float* value_scale) {
+  const int64_t padded = (n + 7) & ~int64_t{7};
+  float top[R];
+  for (int r = 0; r < R; ++r) top[r] = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) {
+    const T* row = keys + t * kHeadDim;
+    __m256 k[8];
+    for (int i = 0; i < 8; ++i) k[i] = load8(row + 8 * i);
+    for (int r = 0; r < R; ++r) {
+      const float* qr = q + r * q_stride;
+      __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qr), k[0]);
+      __m256 b = _mm256_mul_ps(_mm256_loadu_ps(qr + 8), k[1]);
+      for (int i = 2; i < 8; i += 2) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * i), k[i], a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * i + 8), k[i + 1], b);
+      }
+      float score = sum8(_mm256_add_ps(a, b));
+      if (key_scale) score *= key_scale[t];
+      scores[r * padded + t] = score;
+      top[r] = score > top[r] ? score : top[r];
+    }
+  }
+  float inv_total[R];
+  for (int r = 0; r < R; ++r) {
+    float* s = scores + r * padded;
+    for (int64_t t = n; t < padded; ++t) s[t] = -INFINITY;
+    inv_total[r] = softmax_numerators(s, padded, top[r]);
+    if (value_scale)
+      for (int64_t t = 0; t < n; ++t) s[t] *= value_scale[t];
+  }
+  // Values: per block of keys, 16 dims at a time (2 registers per query), the sums kept in
+  // `total` between blocks; each lane still sums over the keys in order.
+  alignas(32) float total[R][kHeadDim] = {};
+  for (int64_t b0 = 0; b0 < n; b0 += kValueBlock) {
+    const int64_t b1 = std::min(n, b0 + kValueBlock);
+    for (int64_t c = 0; c < kHeadDim; c += 16) {
+      __m256 acc[R][2];
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = _mm256_load_ps(&total[r][c]);
+        acc[r][1] = _mm256_load_ps(&total[r][c + 8]);
+      }
+      for (int64_t t = b0; t < b1; ++t) {
+        const T* row = values + t * kHeadDim + c;
+        const __m256 v0 = load8(row), v1 = load8(row + 8);
+        for (int r = 0; r < R; ++r) {
+          const __m256 p = _mm256_broadcast_ss(scores + r * padded + t);
+          acc[r][0] = _mm256_fmadd_ps(p, v0, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(p, v1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(&total[r][c], acc[r][0]);
+        _mm256_store_ps(&total[r][c + 8], acc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256 inv = _mm256_set1_ps(inv_total[r]);
+    for (int64_t c = 0; c < kHeadDim; c += 8)
+      _mm256_storeu_ps(out + r * out_stride + c, _mm256_mul_ps(_mm256_load_ps(&total[r][c]), inv));
+  }
+}
+
+template <typename T>
+void attend_rows(const float* q, int64_t q_stride, int64_t R, const T* keys, const T* values,
+                 int64_t n, float* scores, float* out, int64_t out_stride,
+                 const float* key_scale = nullptr, const float* value_scale = nullptr) {
+  switch (R) {
+    case 1: return attend_rows_fixed<1>(q, q_stride, keys, values, n, scores, out, out_stride,
+                                        key_scale, value_scale);
+    case 2: return attend_rows_fixed<2>(q, q_stride, keys, values, n, scores, out, out_stride,
+                                        key_scale, value_scale);
+    case 3: return attend_rows_fixed<3>(q, q_stride, keys, values, n, scores, out, out_stride,
+                                        key_scale, value_scale);
+    default: return attend_rows_fixed<4>(q, q_stride, keys, values, n, scores, out,
+                                         out_stride, key_scale, value_scale);
+  }
+}
+
+// One query's attention (attend_rows with R = 1); scores needs n (+ 7) floats.
 template <typename T>
 void attend(const float* q, const T* keys, const T* values, int64_t n, float* scores,
             float* out, const float* key_scale = nullptr, const float* value_scale = nullptr) {
-  __m256 qv[8];
-  for (int i = 0; i < 8; ++i) qv[i] = _mm256_loadu_ps(q + 8 * i);
-  float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    const T* row = keys + t * kHeadDim;
-    __m256 a = _mm256_mul_ps(qv[0], load8(row));
-    __m256 b = _mm256_mul_ps(qv[1], load8(row + 8));
-    for (int i = 2; i < 8; i += 2) {
-      a = _mm256_fmadd_ps(qv[i], load8(row + 8 * i), a);
-      b = _mm256_fmadd_ps(qv[i + 1], load8(row + 8 * i + 8), b);
-    }
-    scores[t] = sum8(_mm256_add_ps(a, b));
-    if (key_scale) scores[t] *= key_scale[t];
-    top = scores[t] > top ? scores[t] : top;
-  }
-  const int64_t padded = (n + 7) & ~int64_t{7};
-  for (int64_t t = n; t < padded; ++t) scores[t] = -INFINITY;
-  const float inv_total = softmax_numerators(scores, padded, top);
-  __m256 acc[8];
-  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const __m256 p = _mm256_set1_ps(value_scale ? scores[t] * value_scale[t] : scores[t]);
-    const T* row = values + t * kHeadDim;
-    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(row + 8 * i), acc[i]);
-  }
-  const __m256 inv = _mm256_set1_ps(inv_total);
-  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(acc[i], inv));
+  attend_rows(q, 0, 1, keys, values, n, scores, out, 0, key_scale, value_scale);
 }
 
 }  // namespace audiofast
