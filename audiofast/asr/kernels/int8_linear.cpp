@@ -104,29 +104,46 @@ void block_avx2(const int8_t* wb, int64_t K, const uint8_t* const* x, int32_t* s
   }
 }
 
-// The same sums with AVX-512 VNNI, one instruction per 64 byte products. Integer sums are
-// exact, so they are bit-identical to block_avx2's; four accumulators per row hide
-// vpdpbusd's latency.
-template <int R>
+// The same sums with AVX-512 VNNI for NB consecutive weight blocks (block i at wb + i * K *
+// kBlock), sums (NB, R, 16). Integer sums are exact, so they are bit-identical to
+// block_avx2's. Each broadcast activation word feeds NB blocks and each weight load R rows (a
+// 4 x 4 tile: 8 loads per 16 vpdpbusd, where one block at a time needed 5 per 4); small tiles
+// split K over S accumulators so that enough sums are in flight to hide vpdpbusd's latency.
+template <int R, int NB>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
     const int8_t* wb, int64_t K, const uint8_t* const* x, int32_t* sums) {
-  __m512i acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_si512();
-  for (int64_t g = 0; g < K / 4; g += 4)
-    for (int j = 0; j < 4; ++j) {
-      const __m512i w = _mm512_loadu_si512(wb + (g + j) * 64);
+  constexpr int S = R * NB >= 8 ? 1 : R * NB >= 4 ? 2 : 4;
+  __m512i acc[NB][R][S];
+  for (auto& per_block : acc)
+    for (auto& per_row : per_block)
+      for (auto& a : per_row) a = _mm512_setzero_si512();
+  for (int64_t g = 0; g < K / 4; g += S)
+    for (int s = 0; s < S; ++s) {
+      __m512i xb[R];
       for (int r = 0; r < R; ++r) {
         int32_t v;
-        std::memcpy(&v, x[r] + 4 * (g + j), 4);
-        acc[r][j] = _mm512_dpbusd_epi32(acc[r][j], _mm512_set1_epi32(v), w);
+        std::memcpy(&v, x[r] + 4 * (g + s), 4);
+        xb[r] = _mm512_set1_epi32(v);
+      }
+      for (int b = 0; b < NB; ++b) {
+        const __m512i w = _mm512_loadu_si512(wb + b * K * kBlock + (g + s) * 64);
+        for (int r = 0; r < R; ++r) acc[b][r][s] = _mm512_dpbusd_epi32(acc[b][r][s], xb[r], w);
       }
     }
-  for (int r = 0; r < R; ++r)
-    _mm512_storeu_si512(sums + r * kBlock,
-                        _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]),
-                                         _mm512_add_epi32(acc[r][2], acc[r][3])));
+  for (int b = 0; b < NB; ++b)
+    for (int r = 0; r < R; ++r) {
+      __m512i total = acc[b][r][0];
+      for (int s = 1; s < S; ++s) total = _mm512_add_epi32(total, acc[b][r][s]);
+      _mm512_storeu_si512(sums + (b * R + r) * kBlock, total);
+    }
 }
+
+// block_vnni<R, NB> by run-time R and NB (1 .. 4 each).
+using VnniBlock = void (*)(const int8_t*, int64_t, const uint8_t* const*, int32_t*);
+template <int R>
+constexpr VnniBlock kVnniRow[4] = {block_vnni<R, 1>, block_vnni<R, 2>, block_vnni<R, 3>,
+                                   block_vnni<R, 4>};
+constexpr const VnniBlock* kVnni[4] = {kVnniRow<1>, kVnniRow<2>, kVnniRow<3>, kVnniRow<4>};
 
 // out[j] = fma(float(sums[j] - zero * wsum[j]), scale_row * scale[j], bias[j]) for 16 outputs,
 // eight at a time: the scalar tail's exact operations (int32 wrap, one rounding per fma), so
@@ -227,35 +244,41 @@ void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
   const int64_t stride = vnni ? L.in : 2 * L.in;
   using Block = void (*)(const int8_t*, int64_t, const uint8_t* const*, int32_t*);
   static constexpr Block avx2[4] = {block_avx2<1>, block_avx2<2>, block_avx2<3>, block_avx2<4>};
-  static constexpr Block vnni512[4] = {block_vnni<1>, block_vnni<2>, block_vnni<3>,
-                                       block_vnni<4>};
   // Rows in panels of kPanel: a panel's activations stay in L2 while the thread's weight
-  // blocks pass over them (the encoder's 1500 rows x 2048 inputs did not fit).
-  constexpr int64_t kPanel = 128;
+  // blocks pass over them (the encoder's 1500 rows x 2048 inputs did not fit). Blocks go
+  // kGroup at a time: one pass of the VNNI kernel per group and 4-row tile.
+  constexpr int64_t kPanel = 128, kGroup = 4;
   parallel_for(L.blocks, [&](int64_t b0, int64_t b1) {
-    alignas(64) int32_t sums[4 * kBlock];
+    alignas(64) int32_t sums[kGroup * 4 * kBlock];
     for (int64_t p0 = 0; p0 < rows; p0 += kPanel) {
       const int64_t p1 = std::min(rows, p0 + kPanel);
-      for (int64_t b = b0; b < b1; ++b) {
-        const int8_t* wb = L.int8.weight + b * L.in * kBlock;
-        const int64_t n0 = b * kBlock, width = std::min(kBlock, L.out - n0);
+      for (int64_t g0 = b0; g0 < b1; g0 += kGroup) {
+        const int group = static_cast<int>(std::min(kGroup, b1 - g0));
+        const int8_t* wg = L.int8.weight + g0 * L.in * kBlock;
         for (int64_t m0 = p0; m0 < p1; m0 += 4) {
           const int tile = static_cast<int>(std::min<int64_t>(4, p1 - m0));
           const uint8_t* xs[4];
           for (int r = 0; r < tile; ++r) xs[r] = &xq[(m0 + r) * stride];
-          (vnni ? vnni512 : avx2)[tile - 1](wb, L.in, xs, sums);
-          for (int r = 0; r < tile; ++r) {
-            const RowScale q = rs[m0 + r];
-            float* out = y + (m0 + r) * L.out + n0;
-            if (width == kBlock) {
-              dequantize16(sums + r * kBlock, q, L.int8.wsum + n0, L.int8.scale + n0,
-                           L.bias + n0, out);
-              continue;
+          if (vnni)
+            kVnni[tile - 1][group - 1](wg, L.in, xs, sums);
+          else
+            for (int b = 0; b < group; ++b)
+              avx2[tile - 1](wg + b * L.in * kBlock, L.in, xs, sums + b * tile * kBlock);
+          for (int b = 0; b < group; ++b) {
+            const int64_t n0 = (g0 + b) * kBlock, width = std::min(kBlock, L.out - n0);
+            for (int r = 0; r < tile; ++r) {
+              const RowScale q = rs[m0 + r];
+              const int32_t* block_sums = sums + (b * tile + r) * kBlock;
+              float* out = y + (m0 + r) * L.out + n0;
+              if (width == kBlock) {
+                dequantize16(block_sums, q, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0,
+                             out);
+                continue;
+              }
+              for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
+                out[j] = std::fma(static_cast<float>(block_sums[j] - q.zero * L.int8.wsum[n0 + j]),
+                                  q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
             }
-            for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
-              out[j] = std::fma(
-                  static_cast<float>(sums[r * kBlock + j] - q.zero * L.int8.wsum[n0 + j]),
-                  q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
           }
         }
       }
