@@ -17,6 +17,7 @@ import argparse
 import itertools
 import json
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -32,12 +33,16 @@ from audiofast.eval.datasets import real_speech_clips
 def time_calls(calls: dict[tuple[int, int], callable], repeats: int
                ) -> dict[tuple[int, int], float]:
     """Median seconds per call of each shape, the shapes interleaved in every repeat (so
-    drift in machine load hits all alike), after one warm-up each."""
+    drift in machine load hits all alike) in a new order each time (a call right after an
+    8 x 8 one ran up to 2x slower here: no shape always follows the same one), after one
+    warm-up each."""
     times: dict[tuple[int, int], list[float]] = {key: [] for key in calls}
+    order = list(calls)
     for repeat in range(repeats + 1):
-        for key, call in calls.items():
+        random.Random(repeat).shuffle(order)
+        for key in order:
             t0 = time.perf_counter()
-            call()
+            calls[key]()
             if repeat:
                 times[key].append(time.perf_counter() - t0)
     return {key: statistics.median(ts) for key, ts in times.items()}
