@@ -20,11 +20,10 @@ from audiofast.audio import AudioSource, load_audio
 from audiofast.models import resolve_model
 
 # Where the fused encoder (fused_encoder.py) overtakes CTranslate2's with AVX-512 VNNI
-# (scripts/bench_encoder.py, 2-core Xeon, whisper-base, median of 7-9, interleaved): since its
-# softmax runs on 16 lanes, 1.05-1.21x at 1300-1900 frames, 1.44-1.77x at 2200-3000, a tie at
-# 1000 (1.00-1.01x). On the AVX2 path it is 0.35-0.55x CT2, so "auto" uses it only where the
-# CPU has VNNI.
-FUSED_MIN_FRAMES = 1500
+# (scripts/bench_encoder.py, 2-core Xeon, whisper-base, median of 7, three runs): 3000 frames
+# 1.18-1.40x; 500-2000 frames within +-15 % either way (CT2 is quick up to 2000 frames). On the
+# AVX2 path it is 0.35-0.55x CT2, so "auto" uses it only where the CPU has VNNI.
+FUSED_MIN_FRAMES = 2400
 ENCODERS = ("auto", "ct2", "fused", "openvino")
 
 

@@ -28,7 +28,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="decoder: auto = the fused int8 decoder where its kernels are built, "
                         "else CTranslate2 (as transcribe)")
     p.add_argument("--encoder", choices=("auto", "ct2", "fused", "openvino"), default="auto",
-                   help="audio encoder, as transcribe's (auto: fused for buffers of 15 s and "
+                   help="audio encoder, as transcribe's (auto: fused for buffers of 24 s and "
                         "more on a CPU with AVX-512 VNNI, else CTranslate2)")
     p.add_argument("--no-draft", action="store_true",
                    help="do not verify the previous hypothesis as a draft (fused decoder)")

@@ -29,7 +29,7 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: all cores)")
     p.add_argument("--compute-type", default="int8", help="CTranslate2 compute type")
     p.add_argument("--encoder", choices=["auto", "ct2", "fused", "openvino"], default="auto",
-                   help="audio encoder: auto (default: fused for windows of 15 s and more on "
+                   help="audio encoder: auto (default: fused for windows of 24 s and more on "
                    "a CPU with AVX-512 VNNI, else CTranslate2), ct2 (CTranslate2 int8), fused "
                    "(audiofast's int8 kernels, attention in fp32), or openvino (fp32, exported "
                    "once into the cache)")

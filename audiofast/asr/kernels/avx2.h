@@ -39,18 +39,19 @@ inline float dot(const float* a, const float* b, int64_t n) {
 
 // exp(x) for x <= 0 (softmax after subtracting the max): 2^n * e^r with a degree-6
 // polynomial for e^r (the Cephes expf coefficients), ~1e-7 relative error.
+constexpr float kExpMin = -87.3f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
   p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
                                                           _mm256_set1_epi32(127)), 23);
@@ -92,6 +93,18 @@ inline float softmax_numerators(float* s, int64_t n, float top) {
   return 1.f / sum8(total);
 }
 
+// One query's n scores (a row of `padded` floats, top = their max) -> the weights its values
+// are summed with: exp(score - top), times the value_scale of int8 values; returns 1 / the
+// sum of the exps. Both attention paths call it: their softmax is the same arithmetic.
+inline float score_weights(float* s, int64_t n, int64_t padded, float top,
+                           const float* value_scale) {
+  for (int64_t t = n; t < padded; ++t) s[t] = -INFINITY;
+  const float inv_total = softmax_numerators(s, padded, top);
+  if (value_scale)
+    for (int64_t t = 0; t < n; ++t) s[t] *= value_scale[t];
+  return inv_total;
+}
+
 // One head's attention of R <= kAttendRows pre-scaled queries (row r at q + r * q_stride, 64
 // floats) over the same n keys and values (n x 64, float, fp16 or int8 widened as read; int8
 // rows times their key_scale / value_scale, else those are null), row r into out + r *
@@ -127,13 +140,8 @@ void attend_rows_fixed(const float* q, int64_t q_stride, const T* keys, const T*
     }
   }
   float inv_total[R];
-  for (int r = 0; r < R; ++r) {
-    float* s = scores + r * padded;
-    for (int64_t t = n; t < padded; ++t) s[t] = -INFINITY;
-    inv_total[r] = softmax_numerators(s, padded, top[r]);
-    if (value_scale)
-      for (int64_t t = 0; t < n; ++t) s[t] *= value_scale[t];
-  }
+  for (int r = 0; r < R; ++r)
+    inv_total[r] = score_weights(scores + r * padded, n, padded, top[r], value_scale);
   // Values: per block of keys, 16 dims at a time (2 registers per query), the sums kept in
   // `total` between blocks; each lane still sums over the keys in order.
   alignas(32) float total[R][kHeadDim] = {};

@@ -75,13 +75,8 @@ AVX512 void attend_rows_512(const float* q, int64_t q_stride, const T* keys, con
     }
   }
   float inv_total[R];
-  for (int r = 0; r < R; ++r) {
-    float* s = scores + r * padded;
-    for (int64_t t = n; t < padded; ++t) s[t] = -INFINITY;
-    inv_total[r] = softmax_numerators(s, padded, top[r]);
-    if (value_scale)
-      for (int64_t t = 0; t < n; ++t) s[t] *= value_scale[t];
-  }
+  for (int r = 0; r < R; ++r)
+    inv_total[r] = score_weights(scores + r * padded, n, padded, top[r], value_scale);
   __m512 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();

@@ -228,37 +228,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void score_int8_512(
   }
 }
 
-// exp8 (avx2.h) on 16 lanes: the same polynomial, for the AVX-512 path's softmax.
-__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
-// softmax_numerators (avx2.h) on 16 lanes; n a multiple of 16 (whole key tiles).
-__attribute__((target("avx512f"))) float softmax_numerators_512(float* s, int64_t n, float top) {
-  const __m512 topv = _mm512_set1_ps(top);
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; t += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), topv));
-    _mm512_storeu_ps(s + t, e);
-    total = _mm512_add_ps(total, e);
-  }
-  return 1.f / _mm512_reduce_add_ps(total);
-}
-
 __attribute__((target("avx512f"))) void attend_tile_512(
     const float* qkv, int64_t frames, int64_t d, int64_t h, int64_t q0, const Int8Keys& k8,
     const float* values, float* scores, float* out) {
@@ -271,7 +240,7 @@ __attribute__((target("avx512f"))) void attend_tile_512(
   score_int8_512(q, k8, frames, padded, scores, most);
   float inv[R];
   for (int64_t r = 0; r < R; ++r)
-    inv[r] = softmax_numerators_512(scores + r * padded, padded, _mm512_reduce_max_ps(most[r]));
+    inv[r] = softmax_numerators(scores + r * padded, padded, _mm512_reduce_max_ps(most[r]));
   for (int64_t r0 = 0; r0 < R; r0 += 4) {
     __m512 acc[4][4];
     for (auto& a : acc)

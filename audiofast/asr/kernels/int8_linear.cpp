@@ -138,12 +138,13 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
     }
 }
 
-// block_vnni<R, NB> by run-time R and NB (1 .. 4 each).
-using VnniBlock = void (*)(const int8_t*, int64_t, const uint8_t* const*, int32_t*);
+// A block kernel: (weights, K, R activation rows, sums). block_vnni<R, NB> by run-time R and
+// NB (1 .. 4 each) below.
+using BlockFn = void (*)(const int8_t*, int64_t, const uint8_t* const*, int32_t*);
 template <int R>
-constexpr VnniBlock kVnniRow[4] = {block_vnni<R, 1>, block_vnni<R, 2>, block_vnni<R, 3>,
+constexpr BlockFn kVnniRow[4] = {block_vnni<R, 1>, block_vnni<R, 2>, block_vnni<R, 3>,
                                    block_vnni<R, 4>};
-constexpr const VnniBlock* kVnni[4] = {kVnniRow<1>, kVnniRow<2>, kVnniRow<3>, kVnniRow<4>};
+constexpr const BlockFn* kVnni[4] = {kVnniRow<1>, kVnniRow<2>, kVnniRow<3>, kVnniRow<4>};
 
 // out[j] = fma(float(sums[j] - zero * wsum[j]), scale_row * scale[j], bias[j]) for 16 outputs,
 // eight at a time: the scalar tail's exact operations (int32 wrap, one rounding per fma), so
@@ -242,8 +243,8 @@ void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
     xq.swap(halves);
   }
   const int64_t stride = vnni ? L.in : 2 * L.in;
-  using Block = void (*)(const int8_t*, int64_t, const uint8_t* const*, int32_t*);
-  static constexpr Block avx2[4] = {block_avx2<1>, block_avx2<2>, block_avx2<3>, block_avx2<4>};
+  static constexpr BlockFn avx2[4] = {block_avx2<1>, block_avx2<2>, block_avx2<3>,
+                                      block_avx2<4>};
   // Rows in panels of kPanel: a panel's activations stay in L2 while the thread's weight
   // blocks pass over them (the encoder's 1500 rows x 2048 inputs did not fit). Blocks go
   // kGroup at a time: one pass of the VNNI kernel per group and 4-row tile.
