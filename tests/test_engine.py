@@ -1,10 +1,15 @@
 """The owned decoder engine (fused int8, fp32 reference), its packed-weight cache, and
 lossless drafting on both."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
+from audiofast.asr import kernels
 from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.drafters.model import draft_from_target, save_head_ids
 from audiofast.asr.drafters.ngram import NgramDrafter, build_table
@@ -324,7 +329,6 @@ def test_greedy_batch_equals_greedy_alone_with_drafts(fast_int8, windows):
 def test_rescore_recomputes_exactly_the_int8_heads_top_candidates(fast_int8, windows):
     """The fused call recomputes in fp32 the logits of each row's top 16 int8-head
     candidates (ties: the lower id) and leaves every other logit as the int8 head gave it."""
-    from audiofast.asr import kernels
     from audiofast.asr.fused_decoder import RESCORE_TOP
 
     backend = fast_int8.engine.backend
@@ -364,12 +368,6 @@ def test_decoder_logits_are_the_same_without_vnni(precision, windows, tmp_path):
     """The AVX-512 path (VNNI linears, 16-float cross-attention over a draft's rows at once)
     and the AVX2 path give the same logits bit for bit, fp16 or int8 K/V: a transcript does
     not depend on which CPU made it. Each run says which path it took."""
-    import os
-    import subprocess
-    import sys
-
-    from audiofast.asr import kernels
-
     if not kernels.uses_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: both runs would take the AVX2 path")
     np.save(tmp_path / "window.npy", windows[2])

@@ -175,20 +175,16 @@ void attend_rows_fixed(const float* q, int64_t q_stride, const T* keys, const T*
   }
 }
 
+// attend_rows_fixed<R> for a run-time R (1 .. kAttendRows).
 template <typename T>
 void attend_rows(const float* q, int64_t q_stride, int64_t R, const T* keys, const T* values,
                  int64_t n, float* scores, float* out, int64_t out_stride,
                  const float* key_scale = nullptr, const float* value_scale = nullptr) {
-  switch (R) {
-    case 1: return attend_rows_fixed<1>(q, q_stride, keys, values, n, scores, out, out_stride,
-                                        key_scale, value_scale);
-    case 2: return attend_rows_fixed<2>(q, q_stride, keys, values, n, scores, out, out_stride,
-                                        key_scale, value_scale);
-    case 3: return attend_rows_fixed<3>(q, q_stride, keys, values, n, scores, out, out_stride,
-                                        key_scale, value_scale);
-    default: return attend_rows_fixed<4>(q, q_stride, keys, values, n, scores, out,
-                                         out_stride, key_scale, value_scale);
-  }
+  using Fn = void (*)(const float*, int64_t, const T*, const T*, int64_t, float*, float*,
+                      int64_t, const float*, const float*);
+  static constexpr Fn fixed[kAttendRows] = {attend_rows_fixed<1, T>, attend_rows_fixed<2, T>,
+                                            attend_rows_fixed<3, T>, attend_rows_fixed<4, T>};
+  fixed[R - 1](q, q_stride, keys, values, n, scores, out, out_stride, key_scale, value_scale);
 }
 
 // One query's attention (attend_rows with R = 1); scores needs n (+ 7) floats.

@@ -1,7 +1,8 @@
-// Cross-attention over a window's fp16 or int8 keys and values (AVX2 + F16C).
+// Cross-attention over a window's fp16 or int8 keys and values (AVX2 + F16C; AVX-512 on CPUs
+// with the decoder's VNNI kernels, the same outputs).
 //
 // The decoder reads every encoder frame's K and V on every token: 36 MB in fp32 at 1500
-// frames, more than this CPU's L3, so a token's attention is a pass over DRAM. Stored in
+// frames, more than the 2-core EPYC's L3, so a token's attention was a pass over DRAM. Stored in
 // fp16 that pass halves; widening them with a separate op first wrote the fp32 copy back
 // out and saved nothing, so here each frame is widened in registers as it is used. int8 rows
 // (one scale per frame and head) halve the pass again.
@@ -112,6 +113,8 @@ void attend_window(const float* q, int64_t stride, int64_t R, const T* keys, con
   fixed[R - 1](q, stride, keys, values, n, scores, out, stride, key_scale, value_scale);
 }
 
+#undef AVX512
+
 bool same_window(const CrossKV& a, const CrossKV& b) {
   return a.keys->data == b.keys->data && a.values->data == b.values->data &&
          a.keys->same_shape(*b.keys) &&
@@ -153,8 +156,8 @@ void cross_attention_rows(const float* q, int64_t rows, int64_t heads, const Cro
                       w.value_scale->ptr<const float>() + h * frames);
       else
         attend_window(qh, d, R, w.keys->ptr<const uint16_t>() + at,
-                      w.values->ptr<const uint16_t>() + at, frames, scores.data(), o,
-                      static_cast<const float*>(nullptr), static_cast<const float*>(nullptr));
+                      w.values->ptr<const uint16_t>() + at, frames, scores.data(), o, nullptr,
+                      nullptr);
     }
   });
 }
