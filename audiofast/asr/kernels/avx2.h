@@ -93,6 +93,13 @@ inline float softmax_numerators(float* s, int64_t n, float top) {
   return 1.f / sum8(total);
 }
 
+// A query's score for key t: times the key's scale (int8 keys), stored, its running max kept.
+inline void keep_score(float score, int64_t t, const float* key_scale, float* row, float& top) {
+  if (key_scale) score *= key_scale[t];
+  row[t] = score;
+  top = score > top ? score : top;
+}
+
 // One query's n scores (a row of `padded` floats, top = their max) -> the weights its values
 // are summed with: exp(score - top), times the value_scale of int8 values; returns 1 / the
 // sum of the exps. Both attention paths call it: their softmax is the same arithmetic.
@@ -133,10 +140,7 @@ void attend_rows_fixed(const float* q, int64_t q_stride, const T* keys, const T*
         a = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * i), k[i], a);
         b = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * i + 8), k[i + 1], b);
       }
-      float score = sum8(_mm256_add_ps(a, b));
-      if (key_scale) score *= key_scale[t];
-      scores[r * padded + t] = score;
-      top[r] = score > top[r] ? score : top[r];
+      keep_score(sum8(_mm256_add_ps(a, b)), t, key_scale, scores + r * padded, top[r]);
     }
   }
   float inv_total[R];

@@ -69,10 +69,8 @@ AVX512 void attend_rows_512(const float* q, int64_t q_stride, const T* keys, con
       __m512 ab = _mm512_mul_ps(qv[r][0], k[0]);
       for (int j = 1; j < 4; ++j) ab = _mm512_fmadd_ps(qv[r][j], k[j], ab);
       const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ab), 1));
-      float score = sum8(_mm256_add_ps(_mm512_castps512_ps256(ab), upper));
-      if (key_scale) score *= key_scale[t];
-      scores[r * padded + t] = score;
-      top[r] = score > top[r] ? score : top[r];
+      keep_score(sum8(_mm256_add_ps(_mm512_castps512_ps256(ab), upper)), t, key_scale,
+                 scores + r * padded, top[r]);
     }
   }
   float inv_total[R];
