@@ -171,3 +171,29 @@ def test_16k_mono_pcm_is_read_without_ffmpeg_and_identically(tmp_path, clips, su
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_mel_runs_numpys_blas_on_one_thread_and_gives_its_threads_back(monkeypatch):
+    """OpenBLAS's spinning threads slowed the encoder and decoder beside them (blas.py): the
+    filterbank matmul runs on one, and the count is restored after."""
+    from threadpoolctl import threadpool_info
+
+    import audiofast.asr.features as features
+
+    def blas_threads() -> int:
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    before = blas_threads()
+    if before < 2:
+        pytest.skip("numpy's BLAS has one thread here: holding it to one cannot be told apart")
+    seen = []
+    filters = features.mel_filters
+
+    def spy(n_mels):
+        seen.append(blas_threads())
+        return filters(n_mels)
+
+    monkeypatch.setattr(features, "mel_filters", spy)
+    features.log_mel_spectrogram(np.zeros(SAMPLE_RATE, np.float32))
+    assert seen == [1]
+    assert blas_threads() == before

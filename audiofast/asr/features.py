@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from audiofast.asr.blas import one_blas_thread
 from audiofast.audio import SAMPLE_RATE
 
 N_FFT = 400
@@ -72,7 +73,9 @@ def log_mel_spectrogram(audio: np.ndarray, n_mels: int = 80, padding: int = 0) -
         writeable=False)
     spectrum = np.fft.rfft(frames * _window(), axis=-1)[:-1]  # Whisper drops the last frame
     power = (spectrum.real ** 2 + spectrum.imag ** 2).astype(np.float32)
-    log_spec = np.log10(np.maximum(mel_filters(n_mels) @ power.T, 1e-10))
+    with one_blas_thread():  # see blas.py
+        mel = mel_filters(n_mels) @ power.T
+    log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from audiofast.asr import kernels
+from audiofast.asr.blas import one_blas_thread
 from audiofast.asr.packed_cache import load_or_pack
 
 # A layer's arrays in kernels/encoder_forward.cpp's order: a norm is (weight, bias), a linear
@@ -90,7 +91,6 @@ class FusedEncoder:
         arrays = load_or_pack(ct2_dir / "model.bin", None, lambda: encoder_tensors(ct2_dir),
                               precision="encoder-int8")
         self.n_heads = int(arrays["num_heads"][0])
-        self._blas = None  # numpy's BLAS, held to one thread for the convolutions
         self.convs = [(arrays[f"{c}.weight"], arrays[f"{c}.bias"]) for c in ("conv1", "conv2")]
         self.positions = arrays["embed_positions.weight"]
         n_layers = 1 + max(int(k.split(".")[1]) for k in arrays if k.startswith("layers."))
@@ -110,13 +110,9 @@ class FusedEncoder:
                              f"windows, not {mel.shape}")
         batch = mel.shape[0]
         x = mel.transpose(0, 2, 1)
-        if self._blas is None:
-            # Its threads would spin beside our pool's right after the convolutions
-            # (measured: 1000 frames 66 -> 169 ms); one BLAS thread does them in a few ms.
-            from threadpoolctl import ThreadpoolController
-
-            self._blas = ThreadpoolController()
-        with self._blas.limit(limits=1, user_api="blas"):
+        # BLAS's threads would spin beside our pool's right after the convolutions
+        # (measured: 1000 frames 66 -> 169 ms); one thread does them in a few ms.
+        with one_blas_thread():
             for (weight, bias), stride in zip(self.convs, (1, 2), strict=True):
                 y = kernels.gelu_(np.matmul(conv_windows(x, stride), weight) + bias)
                 x = y.reshape(batch, -1, y.shape[1])
