@@ -92,7 +92,8 @@ def head_ms(runtime: FastWhisper, reps: int = 200) -> float:
 def _model_path(row: dict, workdir: Path) -> str:
     if row["keep"] is None:
         return row["model"]
-    return str(workdir / f"{row['model']}-diet{row['keep']}-s{row['steps']}")
+    corpus = f"-{row['corpus']}" if row.get("corpus") not in (None, "flite") else ""
+    return str(workdir / f"{row['model']}-diet{row['keep']}-s{row['steps']}{corpus}")
 
 
 def evaluate(model: str, clips, threads: int) -> dict:
@@ -152,6 +153,12 @@ def main() -> None:
     parser.add_argument("--keep", nargs="+", type=int, default=[4000, 8000, 16000, 32000])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sliced-only", action="store_true", help="also rows without recovery")
+    parser.add_argument("--corpus", choices=["flite", "varied"], default="flite",
+                        help="the recovery clips (distill --stage vocab --corpus)")
+    parser.add_argument("--sentences", type=int, default=None,
+                        help="domain sentences spoken for recovery (default: the recipe's)")
+    parser.add_argument("--no-full", action="store_true",
+                        help="skip the full model's row (already in --out from an earlier run)")
     parser.add_argument("--held-sentences", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workdir", type=Path, default=Path("runs/vocab_diet"))
@@ -168,16 +175,22 @@ def main() -> None:
             retime([r for r in rows if r["model"] == model], args.workdir, clips[0][1],
                    args.threads)
     for model in [] if args.retime else args.models:
-        rows.append({"model": model, "keep": None, "steps": None} | evaluate(model, clips,
-                                                                              args.threads))
-        print(rows[-1])
+        if not args.no_full:
+            rows.append({"model": model, "keep": None, "steps": None}
+                        | evaluate(model, clips, args.threads))
+            print(rows[-1])
         for keep in args.keep:
             for steps in ([0, args.steps] if args.sliced_only else [args.steps]):
-                recipe = VocabDietRecipe(keep=keep, steps=steps)
-                out = args.workdir / f"{model}-diet{keep}-s{steps}"
+                sentences = {"train_sentences": args.sentences} if args.sentences else {}
+                recipe = VocabDietRecipe(keep=keep, steps=steps, corpus=args.corpus,
+                                         **sentences)
+                corpus = f"-{args.corpus}" if steps and args.corpus != "flite" else ""
+                out = args.workdir / f"{model}-diet{keep}-s{steps}{corpus}"
                 if not (out / "model.bin").is_file():
                     distill_vocab(model, recipe, args.workdir, out, threads=args.threads)
-                rows.append({"model": model, "keep": keep, "steps": steps}
+                rows.append({"model": model, "keep": keep, "steps": steps,
+                             "corpus": args.corpus if steps else None,
+                             "train_sentences": recipe.train_sentences if steps else None}
                             | evaluate(str(out), clips, args.threads))
                 print(rows[-1])
     print(f"\n{'model':16} {'vocab':>6} {'steps':>5} {'ms/tok':>7} {'head ms':>8} {'WER%':>6} "

@@ -178,3 +178,32 @@ def test_qwen3_asr_diet_slices_and_recovers(tmp_path):
     again = Qwen3ASRForConditionalGeneration.from_pretrained(tmp_path / "qwen-diet")
     assert again.get_input_embeddings().num_embeddings == 4096
     assert DietVocab.load(tmp_path / "qwen-diet" / "vocab_map.json").kept == kept
+
+
+def test_varied_corpus_voices_speak_and_its_augmentations_change_the_audio():
+    """Every voice of the varied recovery corpus synthesizes here (a typo or a missing voice
+    would fail only hours into a run) and every augmentation changes the clip it is given."""
+    from audiofast.audio import load_audio
+    from audiofast.distill.asr import CORPORA
+    from audiofast.eval.augment import apply
+    from audiofast.eval.tts import synthesize
+
+    voices, augmentations = CORPORA["varied"]
+    assert len(set(voices)) == len(voices) >= 8 and len(set(augmentations) - {None}) >= 4
+    spoken = {voice: load_audio(synthesize("Recovery needs many voices.", voice))
+              for voice in voices}
+    assert all(len(audio) > 8000 for audio in spoken.values())
+    durations = {voice: len(audio) for voice, audio in spoken.items()}
+    assert durations["piper:joe@rate=0.85"] > durations["piper:joe"] > durations[
+        "piper:joe@rate=1.15"]  # rates reach the synthesizer
+    audio = spoken["flite:slt"]
+    for spec in filter(None, augmentations):
+        changed = apply(audio, spec, seed=1)
+        assert changed.shape == audio.shape and not np.allclose(changed, audio), spec
+
+
+def test_corpus_is_refused_where_no_stage_reads_it():
+    from audiofast.cli import main
+
+    with pytest.raises(SystemExit, match="--corpus is for --stage vocab and --stage qad"):
+        main(["distill", "--stage", "drafter", "--corpus", "varied"])

@@ -36,6 +36,10 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None, help="ASR stages: learning rate")
     p.add_argument("--sentences", type=int, default=None,
                    help="domain sentences spoken for training (default: the stage's recipe)")
+    p.add_argument("--corpus", choices=["flite", "varied"], default=None,
+                   help="vocab, ASR qad: the spoken training clips: flite's four voices "
+                        "(default) or every TTS voice at several rates with noise, reverb "
+                        "and telephone augmentations (varied)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="data and checkpoints; rerun the same command to resume after a kill")
     p.add_argument("--out", type=Path, default=None, help="output folder")
@@ -63,6 +67,9 @@ def _run_distill(args: argparse.Namespace) -> int:
     if args.kind is not None and args.stage != "drafter":
         raise SystemExit(f"audiofast: error: --kind is for --stage drafter, not {args.stage}")
     asr_qad = args.stage == "qad" and (args.lane == "asr" or args.bits is not None)
+    if args.corpus is not None and not (args.stage == "vocab" or asr_qad):
+        raise SystemExit("audiofast: error: --corpus is for --stage vocab and --stage qad "
+                         f"--lane asr, not {args.stage}")
     if asr_qad:
         return _run_qad_asr(args)
     if args.stage in ("cfg", "steps", "qad"):
@@ -89,7 +96,8 @@ def _run_distill(args: argparse.Namespace) -> int:
 def _asr_recipe_overrides(args: argparse.Namespace) -> dict:
     """The recipe fields the command line set; the rest keep the stage's recipe defaults."""
     return {k: v for k, v in (("steps", args.steps), ("lr", args.lr),
-                              ("train_sentences", args.sentences)) if v is not None}
+                              ("train_sentences", args.sentences), ("corpus", args.corpus))
+            if v is not None}
 
 
 def _run_qad_asr(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from audiofast.asr.int4_pack import GROUP, dequantize_int4, fake_quantize, quant
 from audiofast.asr.vocab_diet import kd_loss
 from audiofast.atomic import staged_directory
 from audiofast.distill.asr import (
+    CORPORA,
     Example,
     _batch,
     build_examples,
@@ -134,6 +135,7 @@ class QadRecipe:
     temperature: float = 1.0
     alpha: float = 1.0  # KL to the full-precision decoder only
     prompt_kl: bool = True  # KL on the prompt's positions too (the no-speech probability)
+    corpus: str = "flite"  # or "varied" (asr.CORPORA)
 
 
 def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
@@ -151,15 +153,21 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
     if threads:
         torch.set_num_threads(threads)
     sentences, _ = split_corpus(domain_corpus())
+    voices, augmentations = CORPORA[recipe.corpus]
     examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
-                              cache=examples_cache(workdir, teacher_rt, recipe.train_sentences))
+                              cache=examples_cache(workdir, teacher_rt, recipe.train_sentences,
+                                                   recipe.corpus),
+                              voices=voices, augmentations=augmentations)
     teacher, _ = whisper_from_ct2(teacher_rt.resolved.ct2_dir)
     student = copy.deepcopy(teacher)
     attach_grids(student, recipe.group)
     name = f"{model_name(teacher_rt)}-qad-{recipe.precision}"
     # The checkpoint is the recipe's, less its step count: asking for more steps resumes,
     # another learning rate or corpus starts afresh instead of continuing a different run.
-    run = hashlib.sha256(json.dumps(asdict(replace(recipe, steps=0))).encode()).hexdigest()[:8]
+    fields = asdict(replace(recipe, steps=0))
+    if fields["corpus"] == "flite":  # the default keeps the key runs had before it existed
+        del fields["corpus"]
+    run = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:8]
     if recipe.steps:
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, weight_decay=0.0,
                             warmup=max(1, recipe.steps // 10), checkpoint_every=10)
