@@ -93,7 +93,8 @@ def _model_path(row: dict, workdir: Path) -> str:
     if row["keep"] is None:
         return row["model"]
     corpus = f"-{row['corpus']}" if row.get("corpus") not in (None, "flite") else ""
-    return str(workdir / f"{row['model']}-diet{row['keep']}-s{row['steps']}{corpus}")
+    kd = "-keptkd" if row.get("kd") == "kept" else ""
+    return str(workdir / f"{row['model']}-diet{row['keep']}-s{row['steps']}{corpus}{kd}")
 
 
 def evaluate(model: str, clips, threads: int) -> dict:
@@ -157,6 +158,8 @@ def main() -> None:
                         help="the recovery clips (distill --stage vocab --corpus)")
     parser.add_argument("--sentences", type=int, default=None,
                         help="domain sentences spoken for recovery (default: the recipe's)")
+    parser.add_argument("--kd-kept-only", action="store_true",
+                        help="the KL to the teacher only at tokens the diet kept (kd_loss)")
     parser.add_argument("--no-full", action="store_true",
                         help="skip the full model's row (already in --out from an earlier run)")
     parser.add_argument("--held-sentences", type=int, default=40)
@@ -183,15 +186,15 @@ def main() -> None:
             for steps in ([0, args.steps] if args.sliced_only else [args.steps]):
                 sentences = {"train_sentences": args.sentences} if args.sentences else {}
                 recipe = VocabDietRecipe(keep=keep, steps=steps, corpus=args.corpus,
-                                         **sentences)
-                corpus = f"-{args.corpus}" if steps and args.corpus != "flite" else ""
-                out = args.workdir / f"{model}-diet{keep}-s{steps}{corpus}"
+                                         kd_kept_only=args.kd_kept_only, **sentences)
+                row = {"model": model, "keep": keep, "steps": steps,
+                       "corpus": args.corpus if steps else None,
+                       "kd": ("kept" if args.kd_kept_only else "all") if steps else None,
+                       "train_sentences": recipe.train_sentences if steps else None}
+                out = Path(_model_path(row, args.workdir))
                 if not (out / "model.bin").is_file():
                     distill_vocab(model, recipe, args.workdir, out, threads=args.threads)
-                rows.append({"model": model, "keep": keep, "steps": steps,
-                             "corpus": args.corpus if steps else None,
-                             "train_sentences": recipe.train_sentences if steps else None}
-                            | evaluate(str(out), clips, args.threads))
+                rows.append(row | evaluate(str(out), clips, args.threads))
                 print(rows[-1])
     print(f"\n{'model':16} {'vocab':>6} {'steps':>5} {'ms/tok':>7} {'head ms':>8} {'WER%':>6} "
           f"{'domain':>7} {'real':>6}")

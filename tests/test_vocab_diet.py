@@ -58,6 +58,37 @@ def test_dropped_tokens_are_respelled_with_kept_ones(tiny):
         vocab.map_ids(ids)
 
 
+def test_teacher_is_distilled_only_at_kept_tokens(tiny):
+    """kd_kept_only: the label positions of a re-spelled word's pieces carry no KL (the
+    teacher wanted the dropped token there), every kept token's position does; with no such
+    position the loss is the cross-entropy alone."""
+    from audiofast.distill.asr import Example, _batch, teacher_knows
+
+    vocab = _diet_for(tiny, ["plain words only"], keep=2000)
+    tok = tiny.tokenizer
+    prompt = tok.sot_sequence("en", "transcribe", timestamps=True)
+    target = [*tok.encode(" the schizophrenia and the"), tok.eot]
+    example = Example(torch.zeros(4, 8), prompt, target, "")
+    index = torch.tensor([0])
+    _, inputs, labels = _batch([example], index, vocab.encode)
+    knows = teacher_knows([example], index, vocab, labels.shape)[0]
+    at = len(prompt) - 1
+    pieces = [len(vocab.split(t)) for t in target]
+    assert pieces[0] == 1 and max(pieces) > 1  # " the" kept, "schizophrenia" re-spelled
+    expected = [n == 1 for n in pieces for _ in range(n)]
+    assert knows[at:at + len(expected)].tolist() == expected
+    assert not knows[:at].any() and (labels[0, at:at + len(expected)] != -100).all()
+
+    logits = torch.randn(1, labels.shape[1], 7)
+    targets = torch.where(labels >= 0, labels % 7, -100)
+    teacher = torch.randn(1, labels.shape[1], 7)
+    ce = torch.nn.functional.cross_entropy(logits[targets != -100], targets[targets != -100])
+    none = torch.zeros_like(knows)[None]
+    assert torch.allclose(kd_loss(logits, teacher, targets, teacher_knows=none), ce)
+    assert not torch.allclose(kd_loss(logits, teacher, targets, teacher_knows=knows[None]),
+                              kd_loss(logits, teacher, targets))
+
+
 def test_sliced_logits_equal_the_full_models_at_kept_ids(tiny):
     vocab = _diet_for(tiny, ["It was the best of times"], keep=3000)
     full, _ = whisper_from_ct2(tiny.resolved.ct2_dir)

@@ -244,14 +244,22 @@ def slice_vocab(model: nn.Module, vocab: DietVocab) -> nn.Module:
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
-            temperature: float = 2.0, alpha: float = 0.5) -> torch.Tensor:
+            temperature: float = 2.0, alpha: float = 0.5,
+            teacher_knows: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy on the (diet-spelled) targets plus KL to the teacher, both over the kept
-    ids; ``targets`` of -100 are ignored (prompt positions)."""
+    ids; ``targets`` of -100 are ignored (prompt positions). ``teacher_knows`` (bool, like
+    ``targets``) limits the KL to the positions where the teacher's view is the right one: where
+    a dropped token was re-spelled in pieces, the teacher wanted the dropped token and has never
+    seen the pieces, so only the cross-entropy teaches them."""
     from torch import nn
 
     mask = targets != -100
-    s, t = student_logits[mask], teacher_logits[mask]
+    s = student_logits[mask]
     hard = nn.functional.cross_entropy(s, targets[mask])
+    soft_at = mask if teacher_knows is None else mask & teacher_knows
+    if not soft_at.any():
+        return hard
+    s, t = student_logits[soft_at], teacher_logits[soft_at]
     soft = nn.functional.kl_div(
         (s / temperature).log_softmax(-1), (t / temperature).log_softmax(-1),
         log_target=True, reduction="batchmean",

@@ -141,14 +141,30 @@ def _batch(examples: list[Example], index: torch.Tensor, to_ids) -> tuple[torch.
     return encoded, inputs, labels
 
 
+def teacher_knows(examples: list[Example], index: torch.Tensor, vocab: DietVocab,
+                  shape: torch.Size) -> torch.Tensor:
+    """For a :func:`_batch` of ``vocab.encode``-d examples: True at the label positions of
+    tokens the diet kept, False at the pieces of re-spelled ones (see kd_loss)."""
+    knows = torch.zeros(shape, dtype=torch.bool)
+    for r, i in enumerate(index):
+        example = examples[int(i)]
+        at = len(vocab.encode(example.prompt)) - 1
+        flags = [kept for token in example.target
+                 for kept in [vocab.split(token) == [token]] * len(vocab.split(token))]
+        knows[r, at:at + len(flags)] = torch.tensor(flags)
+    return knows
+
+
 def decoder_hidden(model, encoded: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     """Final hidden states of a Hugging Face Whisper decoder (before the output head)."""
     return model.model.decoder(input_ids=inputs, encoder_hidden_states=encoded).last_hidden_state
 
 
 def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
-                  opts: TrainOptions, checkpoint: str | Path, batch_size: int = 4):
-    """Teach the diet model to spell with kept tokens what the teacher said with any token."""
+                  opts: TrainOptions, checkpoint: str | Path, batch_size: int = 4,
+                  kd_kept_only: bool = False):
+    """Teach the diet model to spell with kept tokens what the teacher said with any token
+    (``kd_kept_only``: the KL term only where the teacher's own token was kept)."""
     teacher.eval().requires_grad_(False)
     kept_head = teacher.proj_out.weight.detach()[torch.from_numpy(vocab.kept_ids)]
     student.model.encoder.requires_grad_(False)
@@ -163,7 +179,8 @@ def recover_vocab(teacher, student, vocab: DietVocab, examples: list[Example],
         diet_inputs = to_diet[inputs]
         diet_labels = torch.where(labels >= 0, to_diet[labels.clamp(min=0)], -100)
         logits = student.proj_out(decoder_hidden(student, encoded, diet_inputs))
-        loss = kd_loss(logits, teacher_logits, diet_labels)
+        knows = teacher_knows(examples, index, vocab, labels.shape) if kd_kept_only else None
+        loss = kd_loss(logits, teacher_logits, diet_labels, teacher_knows=knows)
         return loss, {}
 
     student = train(student, step, opts, checkpoint, desc="vocab recovery",
@@ -192,6 +209,7 @@ class VocabDietRecipe:
     keep: int = 8000
     train_sentences: int = 400  # domain sentences spoken for recovery (~60 clips of ~25 s)
     corpus: str = "flite"  # or "varied" (CORPORA)
+    kd_kept_only: bool = False  # KL to the teacher only at tokens the diet kept (kd_loss)
     steps: int = 60
     batch_size: int = 4
     lr: float = 2e-5
@@ -221,12 +239,15 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
                               voices=voices, augmentations=augmentations)
     if recipe.corpus != "flite":
         name += f"-{recipe.corpus}"
+    if recipe.kd_kept_only:
+        name += "-keptkd"
     student = slice_vocab(copy.deepcopy(teacher), vocab)
     if recipe.steps:
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
                             checkpoint_every=10)
         student = recover_vocab(teacher, student, vocab, examples, opts,
-                                workdir / f"{name}.ckpt", recipe.batch_size)
+                                workdir / f"{name}.ckpt", recipe.batch_size,
+                                recipe.kd_kept_only)
     return export_diet_whisper(student, vocab, source, out or workdir / name,
                                tok.timestamp_begin)
 
