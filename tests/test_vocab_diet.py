@@ -45,6 +45,26 @@ def test_selection_keeps_specials_bytes_and_the_most_frequent(tiny):
         DietVocab([5, 3], 10)
 
 
+def test_unused_tokens_in_the_corpus_alphabet_go_before_other_scripts(tiny):
+    """Past the corpus's own tokens, a diet keeps what its alphabet can write: on the real
+    vocabulary, tokens of its letters the corpus never used outrank lower ids of others."""
+    tok = tiny.tokenizer
+    texts = ["the cat sat on the mat"]
+    full = whisper_from_ct2(tiny.resolved.ct2_dir)[0].config.vocab_size
+    always = whisper_always_kept(tiny.resolved.ct2_dir / "tokenizer.json", tok.eot, full)
+    by_id = select_tokens(texts, tok.encode, 6000, full, always)
+    by_alphabet = select_tokens(texts, tok.encode, 6000, full, always,
+                                token_text=lambda i: tok.decode([i]))
+    assert len(by_id) == len(by_alphabet) == 6000
+    used = set(tok.encode(" the cat sat on the mat")) | set(tok.encode("the cat sat on the mat"))
+    assert used <= set(by_alphabet) and used <= set(by_id)
+    alphabet = set("".join(texts)) | {" "}
+    writable = {i for i in range(tok.eot) if tok.decode([i]) and set(tok.decode([i])) <= alphabet}
+    assert 100 < len(writable) < 6000 - len(always) - len(used)  # all fit: all must be kept
+    assert writable <= set(by_alphabet)
+    assert not writable <= set(by_id)  # by id alone, lower ids of any script came first
+
+
 def test_dropped_tokens_are_respelled_with_kept_ones(tiny):
     vocab = _diet_for(tiny, ["plain words only"], keep=2000)
     tok = tiny.tokenizer

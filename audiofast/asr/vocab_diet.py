@@ -157,20 +157,33 @@ def select_tokens(
     keep: int,
     full_size: int,
     always: Iterable[int],
+    token_text: Callable[[int], str] | None = None,
 ) -> list[int]:
     """``always`` plus the corpus's most frequent tokens, ``keep`` ids in all, ascending.
 
-    Ties (and tokens the corpus never uses, when ``keep`` exceeds its coverage) go to the
-    lower id: BPE ids follow merge order, so a lower id is a more common piece.
+    Ties (and tokens the corpus never uses, when ``keep`` exceeds its coverage) go first to
+    tokens written with the corpus's own characters (with ``token_text``, an id's text), then
+    to the lower id: BPE ids follow merge order, so a lower id is a more common piece. Whisper's
+    vocabulary is multilingual: an English domain's corpus misses common English words
+    (" umbrella", " dreaming": ids past 16k), which the alphabet ranks before other scripts.
     """
     always = set(always)
     if keep < len(always):
         raise ValueError(f"--keep {keep} is below the {len(always)} tokens every diet must keep")
+    texts = list(texts)
     counts: Counter[int] = Counter()
     for text in texts:
         counts.update(encode(" " + text.strip()))
         counts.update(encode(text.strip()))  # a line's first word has no leading space
-    ranked = sorted(range(full_size), key=lambda i: (-counts[i], i))
+    alphabet = set("".join(texts)) | {" "}
+
+    def foreign(i: int) -> bool:
+        if token_text is None:
+            return False
+        text = token_text(i)
+        return not text or not set(text) <= alphabet
+
+    ranked = sorted(range(full_size), key=lambda i: (-counts[i], foreign(i), i))
     kept = set(always)
     for token in ranked:
         if len(kept) >= keep:

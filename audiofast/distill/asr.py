@@ -194,7 +194,8 @@ def domain_tokens(runtime: CT2Whisper, sentences: list[str], keep: int,
     tokens, then the most frequent (for the diet model and for a drafter's cut head)."""
     always = whisper_always_kept(runtime.resolved.ct2_dir / "tokenizer.json",
                                  runtime.tokenizer.eot, full_size)
-    return select_tokens(sentences, runtime.tokenizer.encode, keep, full_size, always)
+    return select_tokens(sentences, runtime.tokenizer.encode, keep, full_size, always,
+                         token_text=lambda i: runtime.tokenizer.decode([i]))
 
 
 def model_name(runtime: CT2Whisper) -> str:
