@@ -233,17 +233,17 @@ def distill_vocab(model: str, recipe: VocabDietRecipe, workdir: str | Path,
     vocab = DietVocab(domain_tokens(teacher_rt, sentences, recipe.keep, full_size), full_size)
     vocab.attach_tokenizer(source / "tokenizer.json")
     name = f"{model_name(teacher_rt)}-diet{recipe.keep}"
-    voices, augmentations = CORPORA[recipe.corpus]
-    examples = build_examples(teacher_rt, sentences[: recipe.train_sentences],
-                              cache=examples_cache(workdir, teacher_rt, recipe.train_sentences,
-                                                   recipe.corpus),
-                              voices=voices, augmentations=augmentations)
     if recipe.corpus != "flite":
         name += f"-{recipe.corpus}"
     if recipe.kd_kept_only:
         name += "-keptkd"
     student = slice_vocab(copy.deepcopy(teacher), vocab)
-    if recipe.steps:
+    if recipe.steps:  # spoken examples only for recovery: a sliced diet needs none
+        voices, augmentations = CORPORA[recipe.corpus]
+        examples = build_examples(
+            teacher_rt, sentences[: recipe.train_sentences],
+            cache=examples_cache(workdir, teacher_rt, recipe.train_sentences, recipe.corpus),
+            voices=voices, augmentations=augmentations)
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, warmup=max(1, recipe.steps // 10),
                             checkpoint_every=10)
         student = recover_vocab(teacher, student, vocab, examples, opts,
