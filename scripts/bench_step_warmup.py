@@ -76,8 +76,9 @@ def main() -> None:
             pass
 
     pauses = {"none": lambda: None, "encoder": lambda: runtime.encode(mel),
-              "sweep 256 MB": lambda: memory.__iadd__(1), "spin 50 ms": lambda: spin(0.05),
-              "sleep 50 ms": lambda: time.sleep(0.05), "spin 5 ms": lambda: spin(0.005)}
+              "sweep 256 MB": lambda: np.add(memory, 1, out=memory),
+              "spin 50 ms": lambda: spin(0.05), "sleep 50 ms": lambda: time.sleep(0.05),
+              "spin 5 ms": lambda: spin(0.005)}
     for _ in range(100):  # steady state first
         engine.forward_batch([(state, token, len(prompt), 0)])
     runs: dict[str, list[list[float]]] = {name: [] for name in pauses}

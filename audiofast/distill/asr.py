@@ -149,8 +149,10 @@ def teacher_knows(examples: list[Example], index: torch.Tensor, vocab: DietVocab
     for r, i in enumerate(index):
         example = examples[int(i)]
         at = len(vocab.encode(example.prompt)) - 1
-        flags = [kept for token in example.target
-                 for kept in [vocab.split(token) == [token]] * len(vocab.split(token))]
+        flags = []
+        for token in example.target:
+            pieces = vocab.split(token)
+            flags += [pieces == [token]] * len(pieces)
         knows[r, at:at + len(flags)] = torch.tensor(flags)
     return knows
 
