@@ -338,3 +338,30 @@ def test_a_blip_heard_as_thank_you_is_dropped_real_words_are_kept(base):
     assert finals(0.77, [0.01] + [0.8] * (n - 1), squeezed) == []
     assert finals(0.01, [0.01] + [0.8] * (n - 1), squeezed) == ["Thank you."]
     assert finals(0.77, [0.9] * n, spread) == ["Thank you."]
+
+
+def test_a_close_heard_as_silence_keeps_the_words_committed_before(base):
+    """An utterance whose updates committed words, closed by a hypothesis the model takes
+    for silence (no text kept): the session ends the utterance with the words it had, and
+    no error (the word search over an empty hypothesis once raised)."""
+    from audiofast.stream.session import StreamSession
+    from audiofast.stream.vad import SpeechDetector
+
+    tok = base.tokenizer
+    chunks = iter(range(10**6))
+    # Speech from the 11th to the 120th 32 ms chunk (0.32-3.84 s), then silence.
+    detector = SpeechDetector(model=lambda chunk: float(10 <= next(chunks) < 120))
+    session = StreamSession(tok, StreamOptions(early_close=False), detector)
+    text = [tok.timestamp_begin, *tok.encode(" Fail again. Fail better."),
+            tok.timestamp_begin + 50]
+    finals, closes = [], 0
+    for _ in range(60):  # 6 s in 0.1 s frames
+        session.feed(np.zeros(1600, np.float32))
+        while session.next_request() is not None:
+            closing = session.utterances[0].end is not None
+            closes += closing
+            hyp = Hypothesis([], 0.9, -1.5, False) if closing else \
+                Hypothesis(text, 0.01, -0.1, False)
+            finals += [e["text"] for e in session.apply(hyp) if e["type"] == "final"]
+    assert closes == 1 and not session.utterances
+    assert " ".join(finals).startswith("Fail again."), finals

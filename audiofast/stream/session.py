@@ -258,8 +258,9 @@ class StreamSession:
             return len(committed)
         starts = [i for i, t in enumerate(tokens) if t < self.tokenizer.eot
                   and starts_word(self.tokenizer, t)]
+        stops = [*starts[1:], len(tokens)] if starts else []  # where each word ends
         words = [_norm(self.tokenizer.decode(tokens[i:j]))
-                 for i, j in zip(starts, [*starts[1:], len(tokens)], strict=True)]
+                 for i, j in zip(starts, stops, strict=True)]
         done = [_norm(w) for w in self.tokenizer.decode(committed).split()]
         n = len(done)
         for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)):
@@ -267,7 +268,7 @@ class StreamSession:
             if k <= len(words) and words[k - tail:k] == done[n - tail:]:
                 return starts[k] if k < len(starts) else len(tokens)
         if force and spans is not None:  # a word ending after the committed text is new
-            ends = [spans[j - 1][1] for j in [*starts[1:], len(tokens)]]
+            ends = [spans[j - 1][1] for j in stops]
             after = [i for i, e in zip(starts, ends, strict=True)
                      if e > utt.committed_end + TIME_SLACK_S]
             return after[0] if after else len(tokens)
