@@ -1,0 +1,81 @@
+"""Is a short utterance heard better with the audio before it? (the live WER gap's cause)
+
+    python evals/utterance_context.py --context 0 4 10 20 --dialogues 8
+
+Offline, no live policy: each clip (endgame and the TTS dialogues of stream_quality.py) is cut
+into utterances by the live server's VAD, with its pre- and post-roll. Each utterance is then
+transcribed (the offline runtime, default options, the earlier utterances' text as the
+prompt) alone, or from ``--context`` seconds earlier, keeping the words whose aligned middle
+falls in the utterance. Printed: WER of the joined utterances per clip and the mean, beside
+transcribing the whole clip at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from stream_quality import dialogues  # evals/ is on the path when run as a script
+
+from audiofast.asr.options import TranscribeOptions
+from audiofast.asr.runtime import load_model
+from audiofast.audio import SAMPLE_RATE, load_audio
+from audiofast.eval.datasets import real_speech_clips
+from audiofast.eval.wer import wer
+from audiofast.stream.session import StreamOptions
+from audiofast.stream.vad import SpeechDetector
+
+
+def utterance_buffers(audio: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) samples of each VAD utterance as the live session buffers it."""
+    options, detector = StreamOptions(), SpeechDetector()
+    events = detector.feed(audio) + detector.flush()
+    starts = [e.sample for e in events if e.kind == "start"]
+    ends = [e.sample for e in events if e.kind == "end"]
+    buffers, floor = [], 0
+    for start, end in zip(starts, ends, strict=True):
+        begin = max(start - int(options.pre_roll_s * SAMPLE_RATE), floor)
+        floor = min(end + int(options.post_roll_s * SAMPLE_RATE), len(audio))
+        buffers.append((begin, floor))
+    return buffers
+
+
+def transcribe_utterances(runtime, audio: np.ndarray, context_s: float) -> str:
+    texts: list[str] = []
+    for begin, end in utterance_buffers(audio):
+        start = max(0, begin - int(context_s * SAMPLE_RATE))
+        prompt = " ".join(texts)[-200:] or None
+        options = TranscribeOptions(initial_prompt=prompt, condition_on_previous_text=False,
+                                    word_timestamps=True)
+        result = runtime.transcribe(audio[start:end], options)
+        cut = (begin - start) / SAMPLE_RATE
+        texts.append("".join(w.word for s in result.segments for w in (s.words or [])
+                             if (w.start + w.end) / 2 >= cut).strip())
+    return " ".join(texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="whisper-base")
+    parser.add_argument("--context", nargs="+", type=float, default=[0.0, 10.0])
+    parser.add_argument("--dialogues", type=int, default=8)
+    args = parser.parse_args()
+    runtime = load_model(args.model, threads=2)
+    clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
+             for c in real_speech_clips() if c.name == "endgame_nagg_nell"]
+    clips += dialogues(args.dialogues)
+    rows = {f"context {c:g} s": [] for c in args.context} | {"whole clip": []}
+    for clip in clips:
+        for context in args.context:
+            text = transcribe_utterances(runtime, clip["audio"], context)
+            rows[f"context {context:g} s"].append(wer(clip["reference"], text))
+        rows["whole clip"].append(wer(clip["reference"], runtime.transcribe(clip["audio"]).text))
+    print("| utterances decoded | " + " | ".join(c["name"] for c in clips) + " | mean |")
+    print("|---" * (len(clips) + 2) + "|")
+    for name, values in rows.items():
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in values)
+              + f" | {np.mean(values):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
