@@ -21,11 +21,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from audiofast.asr.engine import PRECISIONS  # the fast engine's: int8, int4 mixes, -kv8, fp32
 from audiofast.sweep.config import existing_dir, get, section
 from audiofast.sweep.params import Domain, Param, SweepConfigError
 
 SETTING_KEYS = ("model", "baseline", "speed", "gate", "vocab_models", "draft_model")
-PRECISIONS = ("int8", "fp32")  # the fast engine: fused int8 or the fp32 reference
 COMPUTE_TYPES = ("int8", "int8_float32", "int16", "float32")
 
 
