@@ -141,6 +141,7 @@ def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
         return real(requests)
 
     before = thread.server.stats["urgent_first"]
+    closed_before = thread.server.stats["closed_ahead"]
     decoder.decode = decode  # type: ignore[method-assign]
     try:
         async def run_all():
@@ -156,6 +157,8 @@ def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
     assert calls and all(len(flags) == 1 for flags in calls), calls
     assert {True} in calls and {False} in calls
     assert thread.server.stats["urgent_first"] > before
+    # closes decoded ahead went out right after VAD confirmed them, outside a decode round
+    assert thread.server.stats["closed_ahead"] > closed_before
 
 
 async def _exchange(url, *messages, headers=None, reads=1):

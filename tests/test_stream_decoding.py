@@ -15,7 +15,7 @@ from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer, word_pairs
 from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
-from audiofast.stream.session import StreamOptions
+from audiofast.stream.session import StreamOptions, StreamSession
 
 
 def run_session(decoder: StreamDecoder, audio: np.ndarray, **options
@@ -234,6 +234,40 @@ def test_closing_decode_done_ahead_is_the_closing_decode(live, clips):
     waited = replay(StreamDecoder(live, draft=False), audio, StreamOptions(early_close=False))
     assert waited.ready == 0
     assert normalize(waited.text) == normalize(run.text)
+
+
+def test_a_close_decoded_ahead_is_applied_without_the_decoder(live, clips):
+    """``close_ahead`` (what the server calls right after each VAD feed) closes an utterance
+    whose closing decode was done ahead, with no decoder call: the decoder never sees a
+    ready request, and the finals are the same as when that close waits for a decode round
+    (replay). It declines while a decode is in flight."""
+    speech = load_audio(clips["clone-test"].audio)
+    audio = np.concatenate([speech, np.zeros(24000, np.float32), speech])
+    decoder = StreamDecoder(live)
+    session = StreamSession(decoder.tokenizer, StreamOptions())
+    finals, ahead, in_flight_declined = [], 0, 0
+
+    def decode_due() -> None:
+        nonlocal in_flight_declined
+        while (request := session.next_request()) is not None:
+            assert request.ready is None
+            in_flight_declined += session.close_ahead() is None
+            hyp = decoder.decode([request])[0]
+            finals.extend(e for e in session.apply(hyp) if e["type"] == "final")
+
+    for start in range(0, len(audio), 1600):
+        session.feed(audio[start:start + 1600])
+        if (events := session.close_ahead()) is not None:
+            ahead += 1
+            finals.extend(e for e in events if e["type"] == "final")
+        decode_due()
+    session.end_of_audio()
+    decode_due()
+    assert session.finished and ahead >= 1 and in_flight_declined > 0
+    waited = replay(StreamDecoder(live), audio)
+    assert waited.ready == ahead
+    assert [(e["text"], e["start"]) for e in finals] \
+        == [(e["text"], e["start"]) for e in waited.finals]
 
 
 def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):

@@ -98,8 +98,8 @@ class DecodeScheduler:
         self.batch_window_s, self.max_batch = batch_window_s, max_batch
         self.wake = asyncio.Event()
         self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "urgent_first": 0,
-                      "decode_failures": 0, "scheduler_restarts": 0, "http_requests": 0,
-                      "http_decode_s": 0.0}
+                      "closed_ahead": 0, "decode_failures": 0, "scheduler_restarts": 0,
+                      "http_requests": 0, "http_decode_s": 0.0}
         self.stopping = False  # set on shutdown: ending is expected then
         self._round: list[LiveSession] = []  # sessions of the round in progress
         self._task: asyncio.Task[None] | None = None
@@ -185,6 +185,23 @@ class DecodeScheduler:
                 session.finish()
         self._round = [s for s, _ in batch]
         return batch
+
+    def close_ahead(self, session: LiveSession) -> None:
+        """Apply a close whose hypothesis was decoded ahead (it needs no decoder) now, called
+        right after the session's VAD: its final then goes out when VAD confirms the end, not
+        after the other sessions' updates of the round in progress."""
+        try:
+            events = session.stream.close_ahead()
+        except Exception:
+            log.exception("session %d: closing an utterance failed", session.id)
+            session.fail("internal")
+            return
+        if events is None:
+            return
+        self.stats["closed_ahead"] += 1
+        session.emit(events)
+        if session.stream.finished:
+            session.finish()
 
     async def _run_batch(self, batch: list[tuple[LiveSession, DecodeRequest]]) -> None:
         hyps = await self._decode(batch)

@@ -283,9 +283,11 @@ class TranscriptionServer:
 
     async def _feed(self, session: LiveSession, audio: Any, end: bool = False) -> None:
         """VAD in a worker thread, holding the session's lock so the scheduler leaves this
-        stream alone meanwhile."""
+        stream alone meanwhile; then a close decoded ahead goes out at once."""
         async with session.lock:
             await asyncio.to_thread(self._feed_sync, session.stream, audio, end)
+            if not session.over.is_set():
+                self.scheduler.close_ahead(session)
         self.scheduler.wake.set()
 
     @staticmethod

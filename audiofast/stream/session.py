@@ -12,7 +12,8 @@ Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode reque
 - When VAD hears the utterance end, one last decode commits everything left. That decode
   starts early: as soon as the silence that may end the utterance begins (plus the post-roll),
   the buffer it would close on is decoded; if VAD then confirms the end at that sample, the
-  hypothesis is already there, so the final costs the confirmation wait, not wait + decode.
+  hypothesis is already there, so the final costs the confirmation wait, not wait + decode
+  (``close_ahead``: the server then applies it without waiting for a decode round).
 """
 
 from __future__ import annotations
@@ -173,6 +174,21 @@ class StreamSession:
                              self.context[-self.options.context_tokens:],
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard))
+
+    def close_ahead(self) -> list[dict] | None:
+        """Close the first utterance now if VAD has confirmed its end where its closing
+        decode was done ahead: that needs no decoder, so the server applies it at once rather
+        than after the decode round in progress (the same hypothesis either way). Returns the
+        close's events, or None when that is not the case."""
+        if self._in_flight is not None or not self.utterances:
+            return None
+        utt = self.utterances[0]
+        closed = utt.end is not None and (utt.end <= self.received or self.ending)
+        if not (closed and utt.early and utt.early[0] == min(utt.end, self.received)):
+            return None
+        request = self.next_request()
+        assert request is not None and request.ready is not None
+        return self.apply(request.ready)
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
