@@ -270,6 +270,46 @@ def test_a_close_decoded_ahead_is_applied_without_the_decoder(live, clips):
         == [(e["text"], e["start"]) for e in waited.finals]
 
 
+def test_a_close_that_came_due_replaces_the_update_in_flight(live, clips):
+    """``supersede`` (asked by the server before it encodes a round's update) keeps an update
+    in flight while the utterance goes on, and replaces it by the close once the silence that
+    may end the utterance begins: the close's buffer holds the update's audio and more, the
+    dropped update is never applied, and the session still streams every word."""
+    clip = clips["clone-test"]
+    audio = np.concatenate([load_audio(clip.audio), np.zeros(24000, np.float32)])
+    decoder = StreamDecoder(live)
+    session = StreamSession(decoder.tokenizer, StreamOptions())
+    texts: list[str] = []
+    held, kept, replaced = None, 0, None
+
+    def run(request) -> None:
+        events = session.apply(decoder.decode([request])[0])
+        texts.extend(e["text"] for e in events if e["type"] == "final")
+
+    for start in range(0, len(audio), 1600):
+        session.feed(audio[start:start + 1600])
+        if held is not None:  # a busy server: the update waits for its encoder call
+            if (request := session.supersede()) is None:
+                kept += 1
+                continue
+            replaced, held = (held, request), None
+            run(request)
+            continue
+        while (request := session.next_request()) is not None:
+            if not request.urgent and replaced is None:
+                held = request
+                break
+            run(request)
+    session.end_of_audio()
+    while (request := session.next_request()) is not None:
+        run(request)
+    assert session.finished and kept > 0 and replaced is not None
+    update, close = replaced
+    assert close.urgent and not close.probe and len(close.audio) > len(update.audio)
+    assert np.array_equal(close.audio[: len(update.audio)], update.audio)
+    assert wer(clip.reference, " ".join(texts)) <= 0.1, texts
+
+
 def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
     """A hypothesis that repeats itself (short buffers copy their prompt) is decoded again
     without the prompt on the same window; only if that loops too at 30 s."""

@@ -119,13 +119,25 @@ class StreamDecoder:
         seconds = len(request.audio) / SAMPLE_RATE + pad
         return min(N_FRAMES, math.ceil(seconds / BUCKET_S) * BUCKET_S * FRAMES_PER_SECOND)
 
-    def decode(self, requests: list[DecodeRequest]) -> list[Hypothesis]:
+    def encode(self, request: DecodeRequest) -> np.ndarray:
+        """One request's encoder output (1, frames, width), for :meth:`decode`'s ``encoded``:
+        the server encodes a round's windows one call at a time (the encoder costs the same
+        batched or not), so what users wait on can be decoded between two of them."""
+        t0 = time.perf_counter()
+        out = np.asarray(self._encode([request], self.window_frames(request)))
+        self.stats["encoder_s"] += time.perf_counter() - t0
+        return out
+
+    def decode(self, requests: list[DecodeRequest],
+               encoded: list[np.ndarray | None] | None = None) -> list[Hypothesis]:
         """Encoder calls are batched within window buckets only, so what a session hears never
-        depends on which other sessions happen to be decoded with it."""
+        depends on which other sessions happen to be decoded with it. ``encoded``: each
+        request's :meth:`encode` output (None for a ready one), computed before."""
         hyps: list[Hypothesis] = [r.ready for r in requests]  # type: ignore[misc]
         pending = [i for i, request in enumerate(requests) if request.ready is None]
         decoded = self._decode([requests[i] for i in pending],
-                               [self.window_frames(requests[i]) for i in pending])
+                               [self.window_frames(requests[i]) for i in pending],
+                               None if encoded is None else [encoded[i] for i in pending])
         for i, hyp in zip(pending, decoded, strict=True):
             hyps[i] = self._unloop(requests[i], hyp) \
                 if self.window_frames(requests[i]) < N_FRAMES else hyp
@@ -154,14 +166,18 @@ class StreamDecoder:
         text = self.tokenizer.decode(hyp.tokens)
         return len(hyp.tokens) > limit or compression_ratio(text) > 2.4
 
-    def _decode(self, requests: list[DecodeRequest], frames: list[int]) -> list[Hypothesis]:
-        """``requests[i]`` on a window of ``frames[i]``: one encoder call per window length,
-        then the decoder (the fused one: every window in one batch), then word timing."""
+    def _decode(self, requests: list[DecodeRequest], frames: list[int],
+                outputs: list[np.ndarray] | None = None) -> list[Hypothesis]:
+        """``requests[i]`` on a window of ``frames[i]``: one encoder call per window length
+        (unless ``outputs`` holds them already), then the decoder (the fused one: every window
+        in one batch), then word timing."""
         buckets: dict[int, list[int]] = {}
         for i, f in enumerate(frames):
             buckets.setdefault(f, []).append(i)
         t0 = time.perf_counter()
-        encoded = {f: self._encode([requests[i] for i in members], f)
+        encoded = {f: self._encode([requests[i] for i in members], f) if outputs is None
+                   else ctranslate2.StorageView.from_array(
+                       np.ascontiguousarray(np.concatenate([outputs[i] for i in members])))
                    for f, members in buckets.items()}
         languages = self._languages(requests, buckets, encoded)
         t1 = time.perf_counter()

@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from typing import Any
 
+import numpy as np
 from websockets.asyncio.server import ServerConnection
 
 from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
@@ -98,8 +99,8 @@ class DecodeScheduler:
         self.batch_window_s, self.max_batch = batch_window_s, max_batch
         self.wake = asyncio.Event()
         self.stats = {"batches": 0, "decoded": 0, "max_batch": 0, "urgent_first": 0,
-                      "closed_ahead": 0, "decode_failures": 0, "scheduler_restarts": 0,
-                      "http_requests": 0, "http_decode_s": 0.0}
+                      "closed_ahead": 0, "urgent_between": 0, "decode_failures": 0,
+                      "scheduler_restarts": 0, "http_requests": 0, "http_decode_s": 0.0}
         self.stopping = False  # set on shutdown: ending is expected then
         self._round: list[LiveSession] = []  # sessions of the round in progress
         self._task: asyncio.Task[None] | None = None
@@ -155,14 +156,16 @@ class DecodeScheduler:
                 if part:
                     # A crash fails the sessions not served yet (their requests are in flight).
                     self._round = [s for s, _ in (batch if i == 0 else rest)]
-                    await self._run_batch(part)
+                    await self._run_batch(part, updates=i == 1)
             if batch:
                 self.wake.set()  # results may make more decodes due
             self._round = []
 
-    def _collect(self, rotation: int) -> list[tuple[LiveSession, DecodeRequest]]:
-        """The requests of sessions with a decode due, rotated for fairness. A session whose
-        VAD is running waits for the next round (its feed wakes the scheduler)."""
+    def _collect(self, rotation: int, urgent_only: bool = False
+                 ) -> list[tuple[LiveSession, DecodeRequest]]:
+        """The requests of sessions with a decode due, rotated for fairness (``urgent_only``:
+        those a user waits on). A session whose VAD is running waits for the next round (its
+        feed wakes the scheduler)."""
         live = [s for s in self.sessions.values() if not s.over.is_set()]
         if live:
             live = live[rotation % len(live):] + live[:rotation % len(live)]
@@ -174,7 +177,7 @@ class DecodeScheduler:
                 self.wake.set()  # the rest go next round
                 break
             try:
-                request = session.stream.next_request()
+                request = session.stream.next_request(urgent_only)
             except Exception:
                 log.exception("session %d: preparing a decode failed", session.id)
                 session.fail("internal")
@@ -183,7 +186,8 @@ class DecodeScheduler:
                 batch.append((session, request))
             elif session.stream.finished:
                 session.finish()
-        self._round = [s for s, _ in batch]
+        if not urgent_only:
+            self._round = [s for s, _ in batch]
         return batch
 
     def close_ahead(self, session: LiveSession) -> None:
@@ -203,8 +207,11 @@ class DecodeScheduler:
         if session.stream.finished:
             session.finish()
 
-    async def _run_batch(self, batch: list[tuple[LiveSession, DecodeRequest]]) -> None:
-        hyps = await self._decode(batch)
+    async def _run_batch(self, batch: list[tuple[LiveSession, DecodeRequest]],
+                         updates: bool = False) -> None:
+        """Decode ``batch`` and apply the hypotheses; ``updates``: the round's updates, which
+        let what users wait on go first between their encoder calls (:meth:`_decode_updates`)."""
+        hyps = await (self._decode_updates(batch) if updates else self._decode(batch))
         decoded = sum(h is not None for h in hyps)
         self.stats["batches"] += 1
         self.stats["decoded"] += decoded
@@ -224,6 +231,55 @@ class DecodeScheduler:
             session.emit(events)
             if session.stream.finished:
                 session.finish()
+
+    async def _decode_updates(self, batch: list[tuple[LiveSession, DecodeRequest]]
+                              ) -> list[Hypothesis | None]:
+        """The updates of utterances under way, their windows encoded one call at a time (the
+        encoder costs the same batched or not) and decoded together. Before each encoder call,
+        what users wait on that came due meanwhile is decoded in a batch of its own: other
+        sessions' first words and closes, and the close of a session whose update is not
+        encoded yet (it replaces that update, whose hypothesis is then None: not applied)."""
+        encoded: list[np.ndarray | None] = []
+        superseded: set[int] = set()
+        try:
+            for k, (_, request) in enumerate(batch):
+                await self._serve_urgent(batch, k, superseded)
+                encoded.append(None if k in superseded or request.ready is not None
+                               else await asyncio.to_thread(self.decoder.encode, request))
+            keep = [k for k in range(len(batch)) if k not in superseded]
+            hyps = await asyncio.to_thread(self.decoder.decode, [batch[k][1] for k in keep],
+                                           [encoded[k] for k in keep]) if keep else []
+        except Exception:
+            log.warning("a batch of %d updates failed to decode; retrying one at a time",
+                        len(batch))
+            keep = [k for k in range(len(batch)) if k not in superseded]
+            hyps = await self._decode([batch[k] for k in keep])
+        out: list[Hypothesis | None] = [None] * len(batch)
+        for k, hyp in zip(keep, hyps, strict=True):
+            out[k] = hyp
+        return out
+
+    async def _serve_urgent(self, batch: list[tuple[LiveSession, DecodeRequest]], first: int,
+                            superseded: set[int]) -> None:
+        """Decode and apply, in a batch of its own, what users wait on that came due while the
+        round's updates ``batch`` (from index ``first`` not encoded yet) wait."""
+        urgent = []
+        for k in range(first, len(batch)):
+            session = batch[k][0]
+            if k in superseded or session.lock.locked() or session.over.is_set():
+                continue
+            request = session.stream.supersede()
+            if request is not None:
+                superseded.add(k)
+                urgent.append((session, request))
+        urgent += self._collect(0, urgent_only=True)
+        if not urgent:
+            return
+        self.stats["urgent_between"] += 1
+        round_sessions = self._round
+        self._round = round_sessions + [s for s, _ in urgent]
+        await self._run_batch(urgent)
+        self._round = round_sessions
 
     async def _decode(self, batch: list[tuple[LiveSession, DecodeRequest]]
                       ) -> list[Hypothesis | None]:

@@ -148,8 +148,9 @@ class StreamSession:
         return self.audio[start - self.audio_start: end - self.audio_start]
 
     # -- decoding ----------------------------------------------------------------------
-    def next_request(self) -> DecodeRequest | None:
-        """The decode this stream needs now, if any (one at a time per stream)."""
+    def next_request(self, urgent_only: bool = False) -> DecodeRequest | None:
+        """The decode this stream needs now, if any (one at a time per stream); with
+        ``urgent_only``, only one a user waits on (an utterance's first words, its close)."""
         if self._in_flight is not None or not self.utterances:
             return None
         utt = self.utterances[0]
@@ -163,17 +164,35 @@ class StreamSession:
             chunk = self.options.min_chunk_s if heard else self.options.first_chunk_s
             if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE:
                 return None
+        closing = closed or early is not None
+        if urgent_only and heard and not closing:
+            return None
         self._in_flight = (utt, end, closed, early is not None)
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
         # What the last decode said after the prefix: the draft the new decode verifies.
         draft = utt.committed[len(prefix):] + utt.previous
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
-        closing = closed or early is not None
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard))
+
+    def supersede(self) -> DecodeRequest | None:
+        """Replace the update in flight, not decoded yet, by the close that came due since
+        (the silence that may end the utterance began, or VAD ended it): the close decodes
+        the update's audio and more, and a user waits on it. Returns the close's request (the
+        update's is dropped: nothing of it was applied), or None (the update stays)."""
+        if self._in_flight is None:
+            return None
+        utt, _, closed, early = self._in_flight
+        if closed or early or not (utt.committed or utt.previous):
+            return None  # not an update of an utterance under way
+        update, self._in_flight = self._in_flight, None
+        request = self.next_request(urgent_only=True)
+        if request is None:
+            self._in_flight = update
+        return request
 
     def close_ahead(self) -> list[dict] | None:
         """Close the first utterance now if VAD has confirmed its end where its closing
