@@ -76,3 +76,18 @@ def test_live_vad_never_imports_torch(clips):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_stream_ending_in_a_pause_ends_its_utterance_where_the_pause_began():
+    """A stream that stops during a pause not yet long enough to end the utterance closes it
+    where the silence began (the sample a closing decode done ahead used); one that stops
+    mid-speech, at its last sample."""
+    pause = iter(range(10**6))
+    detector = SpeechDetector(model=lambda chunk: float(10 <= next(pause) < 40))
+    assert [e.kind for e in detector.feed(np.zeros(CHUNK * 45, np.float32))] == ["start"]
+    assert detector.pending_end == 40 * CHUNK  # 5 chunks (0.16 s) of silence: not an end yet
+    assert [(e.kind, e.sample) for e in detector.flush()] == [("end", 40 * CHUNK)]
+    speech = iter(range(10**6))
+    detector = SpeechDetector(model=lambda chunk: float(next(speech) >= 10))
+    detector.feed(np.zeros(CHUNK * 45 + 100, np.float32))
+    assert [(e.kind, e.sample) for e in detector.flush()] == [("end", CHUNK * 45 + 100)]

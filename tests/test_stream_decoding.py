@@ -16,6 +16,7 @@ from audiofast.eval.wer import normalize, wer, word_pairs
 from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions, StreamSession
+from audiofast.stream.vad import SpeechDetector
 
 
 def run_session(decoder: StreamDecoder, audio: np.ndarray, **options
@@ -308,6 +309,18 @@ def test_a_close_that_came_due_replaces_the_update_in_flight(live, clips):
     assert close.urgent and not close.probe and len(close.audio) > len(update.audio)
     assert np.array_equal(close.audio[: len(update.audio)], update.audio)
     assert wer(clip.reference, " ".join(texts)) <= 0.1, texts
+
+
+def test_a_stream_that_ends_in_a_pause_closes_with_the_decode_done_ahead(live, clips):
+    """A client that stops sending 0.3 s into the pause after its last words (before VAD's
+    0.5 s could end the utterance) gets the close decoded when that pause began: no decode
+    after the end of the stream."""
+    audio = load_audio(clips["clone-test"].audio)
+    detector = SpeechDetector()
+    last_end = [e.sample for e in detector.feed(audio) + detector.flush() if e.kind == "end"][-1]
+    audio = np.concatenate([audio[:last_end], np.zeros(4800, np.float32)])
+    run = replay(StreamDecoder(live), audio)
+    assert run.ready == 1 and run.finals
 
 
 def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):

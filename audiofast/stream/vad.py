@@ -68,11 +68,14 @@ class SpeechDetector:
         return None if self._blip() else self._silence_start  # a blip ends no utterance
 
     def flush(self) -> list[VadEvent]:
-        """End of stream: close an open utterance."""
+        """End of stream: close an open utterance, where the silence it was in began (the
+        sample ``pending_end`` gave, so a closing decode done ahead there is the close) or at
+        the last sample."""
         if not self.in_speech:
             return []
+        end = self.pending_end
         self.in_speech = False
-        return [VadEvent("end", self.position + len(self._pending))]
+        return [VadEvent("end", self.position + len(self._pending) if end is None else end)]
 
     def _step(self, prob: float) -> list[VadEvent]:
         opts = self.options
