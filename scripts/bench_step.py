@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
+from bench_verify import time_calls  # scripts/ is on the path when run as a script
 
 from audiofast.asr.features import log_mel_spectrogram, pad_or_trim
 from audiofast.asr.runtime import load_model
@@ -70,31 +68,22 @@ def main() -> None:
             engine.forward_batch([(state, prompt, 0, 1)])
             steps[(spec, frames)] = (lambda e=engine, s=state, n=fed, t=token:
                                      e.forward_batch([(s, t, n, 0)]))
-    times: dict[tuple[str, int], list[float]] = {key: [] for key in steps}
-    order = list(steps)
-    for repeat in range(args.repeats + 1):
-        random.Random(repeat).shuffle(order)
-        for key in order:
-            t0 = time.perf_counter()
-            steps[key]()
-            if repeat:  # the first round warms up
-                times[key].append(time.perf_counter() - t0)
+    medians = time_calls(steps, args.repeats)  # interleaved, reshuffled every repeat
     results = []
     print(f"{'decoder':<60} {'frames':>6} {'ms/step':>8} {'vs first':>8}")
     for frames in args.frames:
-        first = statistics.median(times[(args.decoders[0], frames)])
+        first = medians[(args.decoders[0], frames)]
         for spec in args.decoders:
-            ms = 1000 * statistics.median(times[(spec, frames)])
+            ms = 1000 * medians[(spec, frames)]
             results.append({"decoder": spec, "frames": frames, "ms": ms,
                             "speedup": 1000 * first / ms})
             print(f"{spec:<60} {frames:6d} {ms:8.2f} {1000 * first / ms:7.2f}x")
+    record = {"model": args.model, "threads": args.threads, "repeats": args.repeats,
+              "machine": platform.processor() or platform.machine(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": args.model, "threads": args.threads,
-                                    "repeats": args.repeats,
-                                    "machine": platform.processor() or platform.machine(),
-                                    "results": results}, indent=2))
+    args.out.write_text(json.dumps(record, indent=2))
     plot(results, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    print(f"wrote {args.out} and its plot")
 
 
 if __name__ == "__main__":
