@@ -154,8 +154,9 @@ class StreamSession:
         if self._in_flight is not None or not self.utterances:
             return None
         utt = self.utterances[0]
-        closed = utt.end is not None and (utt.end <= self.received or self.ending)
-        end = min(utt.end, self.received) if closed else self.received
+        closed_at = self._closed_at(utt)
+        closed = closed_at is not None
+        end = closed_at if closed else self.received
         early = None if closed else self._early_end(utt)
         heard = bool(utt.committed or utt.previous)
         if early is not None:
@@ -202,12 +203,19 @@ class StreamSession:
         if self._in_flight is not None or not self.utterances:
             return None
         utt = self.utterances[0]
-        closed = utt.end is not None and (utt.end <= self.received or self.ending)
-        if not (closed and utt.early and utt.early[0] == min(utt.end, self.received)):
+        end = self._closed_at(utt)
+        if end is None or not (utt.early and utt.early[0] == end):
             return None
         request = self.next_request()
         assert request is not None and request.ready is not None
         return self.apply(request.ready)
+
+    def _closed_at(self, utt: Utterance) -> int | None:
+        """The sample ``utt`` closes on once VAD has ended it and its post-roll has arrived (or
+        the stream ended); None while it goes on."""
+        if utt.end is None or (utt.end > self.received and not self.ending):
+            return None
+        return min(utt.end, self.received)
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
