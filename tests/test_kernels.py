@@ -293,3 +293,28 @@ def test_cross_kv_split_to_fp16_heads_as_numpy_rounds(kernel):
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
     with pytest.raises(ValueError, match="kv must be"):
         kernels.split_heads_f16(kv[:, :100], heads)
+
+
+def test_cross_kv_split_to_int8_heads_as_numpy_rounds(kernel):
+    """``-kv8``: each (head, frame)'s 64 values over one scale, max |x| / 127, rounded to
+    nearest even - the bits numpy's float32 arithmetic gives (what the decoder's numerics key
+    names), ties, all-zero rows (scale 1) and a row's maximum included."""
+    heads, frames = 8, 37
+    rng = np.random.default_rng(4)
+    kv = (rng.standard_normal((frames, 2 * heads * 64)) * 3).astype(np.float32)
+    kv[0, :64] = 0.0  # frame 0, head 0 key: all zero
+    kv[1, :64] = np.r_[127.0, np.arange(63) - 30.5]  # scale 1: every other value a .5 tie
+    kv[2, 64:128] = -1e30  # huge and negative
+    got = kernels.split_heads_i8(kv, heads)
+    for k, half in enumerate(np.split(kv, 2, axis=1)):
+        x = half.reshape(frames, heads, 64).transpose(1, 0, 2)
+        scale = np.abs(x).max(-1) / np.float32(127)
+        scale[scale == 0] = 1.0
+        want = np.rint(x / scale[..., None]).astype(np.int8)
+        assert got[k].dtype == np.int8 and np.array_equal(got[k], want)
+        assert got[2 + k].dtype == np.float32 and np.array_equal(got[2 + k], scale)
+    assert got[2][0, 0] == 1.0 and not got[0][0, 0].any()
+    assert list(got[0][0, 1, 1:5]) == [-30, -30, -28, -28]  # -30.5, -29.5, ... to even
+    assert np.abs(got[0]).max() == 127
+    with pytest.raises(ValueError, match="kv must be"):
+        kernels.split_heads_i8(kv[:, :100], heads)

@@ -139,6 +139,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.audiofast_gelu.argtypes = [ptr, i64]
     lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
+    lib.audiofast_split_heads_i8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr]
     lib.audiofast_pool_selftest.argtypes = [i64, i64, ctypes.POINTER(i64)]
     lib.audiofast_set_threads.argtypes = [ctypes.c_int]
     return lib
@@ -264,19 +265,38 @@ def decoder_forward(tokens: np.ndarray, start: int, last: int, params: ctypes.Ar
     return out
 
 
+def _split_kv(kv: np.ndarray, heads: int, name: str) -> np.ndarray:
+    kv = np.ascontiguousarray(kv, dtype=np.float32)
+    if kv.ndim != 2 or kv.shape[1] != 2 * heads * 64:
+        raise ValueError(f"{name}: kv must be (frames, {2 * heads * 64}) float32")
+    return kv
+
+
 def split_heads_f16(kv: np.ndarray, heads: int) -> tuple[np.ndarray, np.ndarray]:
     """A window's projected keys and values, ``kv`` (frames, 2 x heads x 64) float32, as the
     decoder reads them: keys and values (heads, frames, 64) in fp16 (F16C; the same values as
     numpy's float16 conversion, several times faster)."""
-    kv = np.ascontiguousarray(kv, dtype=np.float32)
-    if kv.ndim != 2 or kv.shape[1] != 2 * heads * 64:
-        raise ValueError(f"split_heads_f16: kv must be (frames, {2 * heads * 64}) float32")
+    kv = _split_kv(kv, heads, "split_heads_f16")
     frames = kv.shape[0]
     keys = np.empty((heads, frames, 64), np.float16)
     values = np.empty((heads, frames, 64), np.float16)
     _check(_library().audiofast_split_heads_f16(kv.ctypes.data, frames, heads,
                                                 keys.ctypes.data, values.ctypes.data))
     return keys, values
+
+
+def split_heads_i8(kv: np.ndarray, heads: int) -> tuple[np.ndarray, ...]:
+    """As :func:`split_heads_f16` in int8 (``-kv8``): keys, values (heads, frames, 64) int8
+    and their scales (heads, frames) float32, one per frame and head (max |x| / 127, x / scale
+    rounded to nearest even). In numpy this was half of a live window's K/V projection."""
+    kv = _split_kv(kv, heads, "split_heads_i8")
+    frames = kv.shape[0]
+    keys, values = (np.empty((heads, frames, 64), np.int8) for _ in range(2))
+    key_scale, value_scale = (np.empty((heads, frames), np.float32) for _ in range(2))
+    _check(_library().audiofast_split_heads_i8(
+        kv.ctypes.data, frames, heads, keys.ctypes.data, values.ctypes.data,
+        key_scale.ctypes.data, value_scale.ctypes.data))
+    return keys, values, key_scale, value_scale
 
 
 def _pointers(arrays: Sequence[ctypes.Array | Array]) -> ctypes.Array:

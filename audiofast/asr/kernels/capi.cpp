@@ -104,6 +104,14 @@ int audiofast_split_heads_f16(const float* kv, int64_t frames, int64_t heads, ui
   return guarded([&] { audiofast::split_heads_f16(kv, frames, heads, keys, values); });
 }
 
+// The same in int8 with a scale per (head, frame) (split_heads_i8).
+int audiofast_split_heads_i8(const float* kv, int64_t frames, int64_t heads, int8_t* keys,
+                             int8_t* values, float* key_scale, float* value_scale) {
+  return guarded([&] {
+    audiofast::split_heads_i8(kv, frames, heads, keys, values, key_scale, value_scale);
+  });
+}
+
 int audiofast_pool_selftest(int64_t n, int64_t throw_at, int64_t* total) {
   return guarded([&] { *total = audiofast::pool_selftest(n, throw_at); });
 }

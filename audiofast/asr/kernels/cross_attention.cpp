@@ -177,4 +177,36 @@ void split_heads_f16(const float* kv, int64_t frames, int64_t heads, uint16_t* k
   });
 }
 
+void split_heads_i8(const float* kv, int64_t frames, int64_t heads, int8_t* keys,
+                    int8_t* values, float* key_scale, float* value_scale) {
+  const int64_t d = heads * kHeadDim;
+  parallel_for(2 * heads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t half = t / heads, h = t % heads;  // half 0: keys, 1: values
+      int8_t* out = (half ? values : keys) + h * frames * kHeadDim;
+      float* scales = (half ? value_scale : key_scale) + h * frames;
+      for (int64_t f = 0; f < frames; ++f) {
+        const float* row = kv + f * 2 * d + half * d + h * kHeadDim;
+        __m256 top = _mm256_setzero_ps();
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        for (int64_t i = 0; i < kHeadDim; i += 8)
+          top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(row + i), magnitude));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, top);
+        float scale = *std::max_element(lanes, lanes + 8) / 127.0f;
+        if (scale == 0.0f) scale = 1.0f;
+        scales[f] = scale;
+        const __m256 divisor = _mm256_set1_ps(scale);
+        for (int64_t i = 0; i < kHeadDim; i += 8) {  // x / scale rounded to nearest even
+          const __m256i q = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(row + i), divisor));
+          const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(q),
+                                            _mm256_extracti128_si256(q, 1));
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + f * kHeadDim + i),
+                           _mm_packs_epi16(w, w));
+        }
+      }
+    }
+  });
+}
+
 }  // namespace audiofast

@@ -29,4 +29,10 @@ void check_cross(const CrossKV& window, int64_t heads);
 void split_heads_f16(const float* kv, int64_t frames, int64_t heads, uint16_t* keys,
                      uint16_t* values);
 
+// The same in int8 for ``-kv8``: each (head, frame)'s 64 values over one symmetric scale,
+// max |x| / 127 (1 where all are zero), x / scale rounded to nearest even; as
+// FusedDecoder.project_audio computed it in numpy.
+void split_heads_i8(const float* kv, int64_t frames, int64_t heads, int8_t* keys,
+                    int8_t* values, float* key_scale, float* value_scale);
+
 }  // namespace audiofast
