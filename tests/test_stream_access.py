@@ -112,17 +112,21 @@ def test_serve_command_takes_token_file_env_and_allowed_origins(tmp_path, monkey
 
     monkeypatch.setattr("audiofast.stream.server.TranscriptionServer", FakeServer)
     monkeypatch.setattr("audiofast.asr.runtime.load_model",
-                        lambda *a, **k: loaded.append((*a, k["encoder"])))
+                        lambda *a, **k: loaded.append((*a, k["encoder"], k["precision"])))
     secret = tmp_path / "token"
     secret.write_text("from-file")
     main(["serve", "--host", "0.0.0.0", "--token-file", str(secret),
           "--allow-origin", "https://a.example", "--allow-origin", "https://b.example"])
     assert made[-1].token == "from-file"
     assert made[-1].allow_origins == ("https://a.example", "https://b.example")
-    assert loaded[-1] == (None, "auto", "auto")  # the packaged default, default engine, encoder
+    # the packaged default, default engine, encoder, the model's own precision
+    assert loaded[-1] == (None, "auto", "auto", None)
     assert pads[-1] == (10.0, 4.0)
-    main(["serve", "--pad", "8", "--probe-pad", "2.5", "--encoder", "ct2"])
-    assert pads[-1] == (8.0, 2.5) and loaded[-1][2] == "ct2"
+    main(["serve", "--pad", "8", "--probe-pad", "2.5", "--encoder", "ct2",
+          "--precision", "int8-head4-kv8"])
+    assert pads[-1] == (8.0, 2.5) and loaded[-1][2:] == ("ct2", "int8-head4-kv8")
+    with pytest.raises(SystemExit, match="--engine ct2 decodes on CTranslate2"):
+        main(["serve", "--engine", "ct2", "--precision", "int8-head4-kv8"])
     monkeypatch.setenv("AUDIOFAST_TOKEN", "from-env")
     main(["serve", "--host", "0.0.0.0"])
     assert made[-1].token == "from-env"

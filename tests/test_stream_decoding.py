@@ -25,17 +25,24 @@ def run_session(decoder: StreamDecoder, audio: np.ndarray, **options
     return result.finals, result.hypotheses
 
 
-@pytest.mark.parametrize("engine", ["ct2", "fast"])
+@pytest.mark.parametrize("engine", ["ct2", "fast", "int8-head4-kv8"])
 def test_session_finals_match_offline_transcript(engine, base, live, clips):
-    """Policy alone (no network), on CTranslate2 and on the fused decoder: finals equal the
-    offline transcript within 2 WER points, each word committed once, in time order.
+    """Policy alone (no network), on CTranslate2, on the fused decoder and on it with the
+    gated int4 head and int8 K/V (``serve --precision``): finals equal the offline transcript
+    within 2 WER points, each word committed once, in time order.
 
     Only clone-test: beckett's 1-2 s lines are issue #19's open short-utterance gap
     (streamed 0-17 % WER vs 0 % offline depending on the pad and on last-bit numerics,
     measured 2026-12-02), and the longer clips differ from offline by a word or two either
     way; scripts/bench_stream.py reports every clip."""
-    decoder = StreamDecoder(base if engine == "ct2" else live)
-    assert decoder.engine == engine
+    if engine == "int8-head4-kv8":
+        from audiofast.asr.fast_runtime import FastWhisper
+
+        decoder = StreamDecoder(FastWhisper(threads=2, precision=engine, ct2=base))
+        assert decoder.fast.engine.backend.kv_bits == 8
+    else:
+        decoder = StreamDecoder(base if engine == "ct2" else live)
+    assert decoder.engine == ("fast" if engine == "int8-head4-kv8" else engine)
     for name in ("clone-test",):
         finals, _ = run_session(decoder, load_audio(clips[name].audio))
         text = " ".join(e["text"] for e in finals)

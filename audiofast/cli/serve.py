@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
+    from audiofast.asr.engine import PRECISIONS
+
     p = sub.add_parser("serve", help="live transcription server (WebSocket + web page)")
     p.add_argument("--model", default=None, help="as for transcribe (default: whisper-base)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (not loopback: --token)")
@@ -27,6 +29,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=("auto", "fast", "ct2"), default="auto",
                    help="decoder: auto = the fused int8 decoder where its kernels are built, "
                         "else CTranslate2 (as transcribe)")
+    p.add_argument("--precision", choices=[x for x in PRECISIONS if x != "fp32"], default=None,
+                   help="the fused decoder's weights and K/V, as transcribe's (default: the "
+                        "model's own, else int8); e.g. int8-head4-kv8, the gated int4 head")
     p.add_argument("--encoder", choices=("auto", "ct2", "fused", "openvino"), default="auto",
                    help="audio encoder, as transcribe's (auto: fused for buffers of 24 s and "
                         "more on a CPU with AVX-512 VNNI, else CTranslate2)")
@@ -60,7 +65,11 @@ def _run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk),
                             allow_origins=tuple(args.allow_origin), http_port=args.http_port)
-    runtime = load_model(args.model, args.engine, threads=args.threads, encoder=args.encoder)
+    if args.precision and args.engine == "ct2":
+        raise SystemExit("audiofast: error: --precision sets the fused decoder's weights; "
+                         "--engine ct2 decodes on CTranslate2")
+    runtime = load_model(args.model, args.engine, threads=args.threads, encoder=args.encoder,
+                         precision=args.precision)
     server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft,
                                  probe_pad_s=args.probe_pad)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
