@@ -41,11 +41,12 @@ class CT2Whisper:
     at a time (longform.py) or chunks side by side (batched.py)."""
 
     def __init__(self, model: str | None = None, threads: int = 0, compute_type: str = "int8",
-                 seed: int = 0, encoder: str = "auto"):
+                 seed: int = 0, encoder: str = "auto", replicas: int = 1):
         """``encoder``: "auto" (default): the fused encoder for windows of ``FUSED_MIN_FRAMES``
         and more on a CPU with VNNI, CTranslate2's for the rest; "ct2"; "fused" (our int8
         kernels, every window: fused_encoder.py); "openvino" (fp32 on OpenVINO:
-        ov_encoder.py)."""
+        ov_encoder.py). ``replicas``: copies of the model CTranslate2 runs calls from several
+        threads on at once (the live server: what a user waits on beside an update)."""
         if encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, not {encoder!r}")
         self.own_min_frames = 0  # shorter windows go to CTranslate2's encoder
@@ -57,7 +58,7 @@ class CT2Whisper:
         ctranslate2.set_random_seed(seed)
         self.model = ctranslate2.models.Whisper(
             str(self.resolved.ct2_dir), device="cpu", compute_type=compute_type,
-            intra_threads=threads,
+            intra_threads=threads, inter_threads=replicas,
         )
         # A vocab-diet export speaks diet ids; everything outside this class uses original ids.
         map_path = self.resolved.ct2_dir / VOCAB_MAP_FILE

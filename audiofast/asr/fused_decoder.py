@@ -17,6 +17,7 @@ them, once per model, does).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -125,8 +126,18 @@ class FusedDecoder:
         self.v_cache = np.zeros(shape, np.float32)
         self.forked_k = self.forked_v = np.zeros(0, np.float32)  # fork()'s, kept between windows
         # The last call's logit rows as the head read them (final-norm hidden states): the
-        # block drafter's input. One array, or one per sequence after a batch.
-        self.hidden: np.ndarray | list[np.ndarray] | None = None
+        # block drafter's input. One array, or one per sequence after a batch. Per thread:
+        # the live server decodes in two threads at once (a file beside live batches, what
+        # users wait on beside an update), and each reads the hidden states of its own call.
+        self._last = threading.local()
+
+    @property
+    def hidden(self) -> np.ndarray | list[np.ndarray] | None:
+        return getattr(self._last, "hidden", None)
+
+    @hidden.setter
+    def hidden(self, value: np.ndarray | list[np.ndarray] | None) -> None:
+        self._last.hidden = value
 
     def tensors(self) -> dict[str, np.ndarray]:
         return self._tensors

@@ -73,22 +73,27 @@ class AutoWhisper:
 
 def load_model(model: str | None = None, engine: Engine = "auto", *, threads: int = 0,
                compute_type: str = "int8", precision: str | None = None, encoder: str = "auto",
-               drafter: str = "none", draft_model: str | Path | None = None, seed: int = 0):
+               drafter: str = "none", draft_model: str | Path | None = None, seed: int = 0,
+               replicas: int = 1):
     """A Whisper model ready to ``transcribe()`` (``model``: a packaged name, a CTranslate2
     folder or a hub id; None: the packaged default). ``compute_type`` is CTranslate2's;
     ``precision`` (int8 | int4 | int4-head8 | int8-head4 | fp32; None: the model's own, see
     ``engine.model_precision``), ``drafter`` and ``draft_model`` are the owned decoder's, and
-    asking for them selects it under ``"auto"``."""
+    asking for them selects it under ``"auto"``. ``replicas``: CTranslate2 copies that run
+    calls from several threads at once (``CT2Whisper``)."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     owned = drafter != "none" or precision not in (None, "int8")
     if engine == "ct2" or (engine == "auto" and compute_type != "int8" and not owned):
         return CT2Whisper(model, threads=threads, compute_type=compute_type, seed=seed,
-                          encoder=encoder)
+                          encoder=encoder, replicas=replicas)
     if engine == "fast" or owned:
         from audiofast.asr.fast_runtime import FastWhisper
 
         return FastWhisper(model, threads=threads, precision=precision, drafter=drafter,
-                           seed=seed, draft_model=draft_model, encoder=encoder)
-    return AutoWhisper(CT2Whisper(model, threads=threads, seed=seed, encoder=encoder),
+                           seed=seed, draft_model=draft_model,
+                           ct2=CT2Whisper(model, threads=threads, seed=seed, encoder=encoder,
+                                          replicas=replicas))
+    return AutoWhisper(CT2Whisper(model, threads=threads, seed=seed, encoder=encoder,
+                                  replicas=replicas),
                        threads=threads, seed=seed)

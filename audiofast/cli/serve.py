@@ -68,8 +68,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.precision and args.engine == "ct2":
         raise SystemExit("audiofast: error: --precision sets the fused decoder's weights; "
                          "--engine ct2 decodes on CTranslate2")
+    # Two CTranslate2 replicas: what a user waits on is encoded beside an update's window
+    # (DecodeScheduler._beside_urgent), not after it.
     runtime = load_model(args.model, args.engine, threads=args.threads, encoder=args.encoder,
-                         precision=args.precision)
+                         precision=args.precision, replicas=2)
     server = TranscriptionServer(runtime, options, args.pad, draft=not args.no_draft,
                                  probe_pad_s=args.probe_pad)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "

@@ -146,6 +146,11 @@ def run_worker(cfg: SweepConfig, url: str, target: int, worker: int = 0,
     """Run trials until the study holds ``target`` complete ones; returns how many ran here."""
     from tqdm.auto import tqdm
 
+    # Imported before any trial runs: a Ctrl-C landing inside exec() - which builds every
+    # dataclass's methods at import time - makes CPython 3.11 exit by SIGINT after the sweep
+    # handled it (exit -2 instead of 130: a CI run hit it in the gate's first import).
+    import audiofast.eval.gate  # noqa: F401
+
     study = load_study(cfg, url, worker)
     objective = make_objective(cfg)
     bar = tqdm(total=target, initial=min(counts(study)["COMPLETE"], target), desc="trials",
