@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -263,7 +264,8 @@ class DecodeScheduler:
         return out
 
     async def _beside_urgent(self, batch: list[tuple[LiveSession, DecodeRequest]], first: int,
-                             superseded: set[int], work, *args):
+                             superseded: set[int], work: Callable[..., Any], *args: Any
+                             ) -> Any:
         """``work(*args)`` (an update's encoder call, or the round's decode) in a worker thread;
         what users wait on that comes due meanwhile is decoded beside it, in a thread of its
         own, instead of after it: an update's window took ~0.3 s to encode at 4 sessions, and
