@@ -87,13 +87,10 @@ def load_model(model: str | None = None, engine: Engine = "auto", *, threads: in
     if engine == "ct2" or (engine == "auto" and compute_type != "int8" and not owned):
         return CT2Whisper(model, threads=threads, compute_type=compute_type, seed=seed,
                           encoder=encoder, replicas=replicas)
+    ct2 = CT2Whisper(model, threads=threads, seed=seed, encoder=encoder, replicas=replicas)
     if engine == "fast" or owned:
         from audiofast.asr.fast_runtime import FastWhisper
 
         return FastWhisper(model, threads=threads, precision=precision, drafter=drafter,
-                           seed=seed, draft_model=draft_model,
-                           ct2=CT2Whisper(model, threads=threads, seed=seed, encoder=encoder,
-                                          replicas=replicas))
-    return AutoWhisper(CT2Whisper(model, threads=threads, seed=seed, encoder=encoder,
-                                  replicas=replicas),
-                       threads=threads, seed=seed)
+                           seed=seed, draft_model=draft_model, ct2=ct2)
+    return AutoWhisper(ct2, threads=threads, seed=seed)
