@@ -237,18 +237,21 @@ class DecodeScheduler:
     async def _decode_updates(self, batch: list[tuple[LiveSession, DecodeRequest]]
                               ) -> list[Hypothesis | None]:
         """The updates of utterances under way, their windows encoded one call at a time (the
-        encoder costs the same batched or not) and decoded together. Before each encoder call,
-        what users wait on that came due meanwhile is decoded in a batch of its own: other
-        sessions' first words and closes, and the close of a session whose update is not
-        encoded yet (it replaces that update, whose hypothesis is then None: not applied)."""
+        encoder costs the same batched or not) and decoded together. Before and during each
+        encoder call, what users wait on that came due meanwhile is decoded in a batch of its
+        own: other sessions' first words and closes, and the close of a session whose update
+        is not decoded yet, encoded or not (it replaces that update, whose hypothesis is then
+        None: not applied). An encoded update is dropped too: its close would otherwise wait
+        for the rest of the round's encoder calls and its decode (~1 s at 4 sessions), and
+        the close's buffer holds the update's audio and more."""
         encoded: list[np.ndarray | None] = []
         superseded: set[int] = set()
         try:
             for k, (_, request) in enumerate(batch):
-                await self._serve_urgent(batch, k, superseded)
+                await self._serve_urgent(batch, 0, superseded)
                 encoded.append(None if k in superseded or request.ready is not None
                                else await self._beside_urgent(
-                                   batch, k + 1, superseded, self.decoder.encode, request))
+                                   batch, 0, superseded, self.decoder.encode, request))
             keep = [k for k in range(len(batch)) if k not in superseded]
             hyps = await self._beside_urgent(
                 batch, len(batch), superseded, self.decoder.decode,
@@ -288,8 +291,9 @@ class DecodeScheduler:
     async def _serve_urgent(self, batch: list[tuple[LiveSession, DecodeRequest]], first: int,
                             superseded: set[int], counter: str = "urgent_between") -> None:
         """Decode and apply, in a batch of its own, what users wait on that came due while the
-        round's updates ``batch`` (from index ``first`` not encoded yet) wait; ``counter``:
-        the /health count it adds to."""
+        round's updates ``batch`` (from index ``first`` on: not decoded yet, and replaced by
+        their session's close if one came due) wait; ``counter``: the /health count it adds
+        to."""
         urgent = []
         for k in range(first, len(batch)):
             session = batch[k][0]
