@@ -208,6 +208,7 @@ def test_output_without_the_forced_prefix_is_an_error_not_patched(base):
     prefix = [ts, *tok.encode(" No, no."), ts + 50]
     runtime = SimpleNamespace(tokenizer=tok, default_suppress_ids=base.default_suppress_ids,
                               n_mels=base.n_mels, model=_PromptlessModel(tok.encode(" Never.")),
+                              encode_batch=lambda mels: mels,
                               resolved=SimpleNamespace(spec="stand-in"))
     request = DecodeRequest(np.zeros(32000, np.float32), [], "en", "transcribe", prefix)
     with pytest.raises(RuntimeError, match="forced prefix"):
@@ -335,3 +336,18 @@ def test_a_close_heard_as_silence_keeps_the_words_committed_before(base):
             finals += [e["text"] for e in session.apply(hyp) if e["type"] == "final"]
     assert closes == 1 and not session.utterances
     assert " ".join(finals).startswith("Fail again."), finals
+
+
+def test_live_windows_are_encoded_on_the_servers_encoder(base, kernel, clips):
+    """``serve --encoder`` reaches the live windows: on the fused encoder a window's encoder
+    output is the fused encoder's (the same model, another int8 rounding), not CTranslate2's
+    (live windows once went to CTranslate2 whatever the flag said)."""
+    from audiofast.asr.ct2_runtime import CT2Whisper
+
+    fused = CT2Whisper("whisper-base", threads=2, encoder="fused")
+    request = DecodeRequest(load_audio(clips["beckett"].audio)[: 16000 * 3], [], "en")
+    ours, theirs = StreamDecoder(fused).encode(request), StreamDecoder(base).encode(request)
+    frames = StreamDecoder(base).window_frames(request)
+    assert ours.shape == theirs.shape == (1, frames // 2, 512)
+    error = np.abs(ours - theirs).mean() / np.abs(theirs).mean()
+    assert 0 < error < 0.2, error

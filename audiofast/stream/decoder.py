@@ -213,8 +213,9 @@ class StreamDecoder:
             audio = r.audio[:samples]
             mel = log_mel_spectrogram(audio, self.ct2.n_mels, padding=samples - len(audio))
             mels.append(mel[:, :frames])
-        features = np.ascontiguousarray(np.stack(mels))
-        return self.ct2.model.encode(ctranslate2.StorageView.from_array(features))
+        # The runtime's encoder (serve --encoder: CTranslate2's, or the fused one where it
+        # is chosen), as transcribe's.
+        return self.ct2.encode_batch(np.stack(mels))
 
     def _languages(self, requests: list[DecodeRequest], buckets: dict[int, list[int]],
                    encoded: dict[int, ctranslate2.StorageView]) -> list[str | None]:
