@@ -129,3 +129,34 @@ def test_a_stream_that_ends_in_a_pause_closes_with_the_decode_done_ahead(live, c
     audio = np.concatenate([audio[:last_end], np.zeros(4800, np.float32)])
     run = replay(StreamDecoder(live), audio)
     assert run.ready == 1 and run.finals
+
+
+def test_no_update_while_a_silence_that_may_end_the_utterance_waits_for_its_post_roll(live,
+                                                                                   clips):
+    """Once VAD hears a silence that may end the utterance, the only decode asked for is
+    its close (done ahead when the post-roll has arrived): an update then would be replaced
+    by that close, or once encoded make the close wait for it. Speech after a pause too short
+    to end the utterance is updated as before, and every word still streams."""
+    speech = load_audio(clips["clone-test"].audio)
+    pause = lambda s: np.zeros(int(s * 16000), np.float32)  # noqa: E731
+    audio = np.concatenate([speech[:32000], pause(0.35), speech[32000:], pause(1.5)])
+    decoder = StreamDecoder(live)
+    # an update every 0.1 s of new audio: without the rule one falls in every such silence
+    session = StreamSession(decoder.tokenizer, StreamOptions(min_chunk_s=0.1))
+    in_silence, updates, texts = [], 0, []
+    for start in range(0, len(audio), 800):  # 50 ms frames
+        session.feed(audio[start:start + 800])
+        while (request := session.next_request()) is not None:
+            if session.detector.pending_end is not None:
+                in_silence.append(request)
+            updates += not request.urgent
+            events = session.apply(decoder.decode([request])[0])
+            texts += [e["text"] for e in events if e["type"] == "final"]
+    session.end_of_audio()
+    while (request := session.next_request()) is not None:
+        texts += [e["text"] for e in session.apply(decoder.decode([request])[0])
+                  if e["type"] == "final"]
+    assert session.finished and updates > 2
+    kinds = [(r.urgent, r.probe) for r in in_silence]
+    assert kinds and all(urgent and not probe for urgent, probe in kinds), kinds
+    assert wer(clips["clone-test"].reference, " ".join(texts)) <= 0.1, texts

@@ -163,7 +163,8 @@ class StreamSession:
             end = early
         elif not closed:
             chunk = self.options.min_chunk_s if heard else self.options.first_chunk_s
-            if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE:
+            if end - max(utt.decoded_to, utt.onset) < chunk * SAMPLE_RATE \
+                    or self._silence_pending(utt):
                 return None
         closing = closed or early is not None
         if urgent_only and heard and not closing:
@@ -216,6 +217,13 @@ class StreamSession:
         if utt.end is None or (utt.end > self.received and not self.ending):
             return None
         return min(utt.end, self.received)
+
+    def _silence_pending(self, utt: Utterance) -> bool:
+        """Whether VAD hears a silence that may end ``utt``: its close is decoded once the
+        post-roll has arrived (or was already), so an update now would only be replaced by
+        that close or, once encoded, make the close wait for it."""
+        return self.options.early_close and self.detector.pending_end is not None \
+            and self.utterances[-1] is utt
 
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
