@@ -10,7 +10,8 @@ session's finals beside the offline transcript's (the same model, default option
 decode work per second of audio (encoder, decoder and alignment seconds) with the number of
 windows and 30 s loop retries. Clips: the four real recordings, plus ``--dialogues`` TTS
 "dialogues" built from held-out domain sentences: short lines in alternating voices (flite,
-espeak-ng, piper) with 0.6-1.4 s pauses, the short-utterance case.
+espeak-ng, piper) with 0.6-1.4 s pauses, the short-utterance case; ``--long-lines`` adds
+dialogues whose lines are three sentences each, the long-buffer case.
 
 Word timing: on clips of at most 30 s, the reference text is force-aligned to the whole clip
 (CTranslate2's ``align`` on one 30 s window, the same DTW as ``--word-timestamps``); each
@@ -71,20 +72,29 @@ def parse_config(spec: str) -> tuple[dict, dict]:
     return decoder, options
 
 
-def dialogues(count: int, lines: int = 8, seed: int = 0) -> list[dict]:
-    """Short held-out sentences (4-9 words) in turns of two voices, with pauses between."""
+def dialogues(count: int, lines: int = 8, seed: int = 0, sentences: int = 1,
+              words: tuple[int, int] = (4, 9), name: str = "dialogue") -> list[dict]:
+    """Held-out sentences in turns of two voices, with pauses between the turns: by default
+    short lines (one sentence of 4-9 words); ``sentences`` > 1 joins that many per line with
+    0.1-0.3 s between them (the long-buffer case)."""
     rng = random.Random(seed)
-    short = [s for s in domain_corpus()[-2000:] if 4 <= len(s.split()) <= 9]
+    pool = [s for s in domain_corpus()[-2000:] if words[0] <= len(s.split()) <= words[1]]
     clips = []
     for k in range(count):
         voices = rng.sample(VOICES, 2)
-        texts = rng.sample(short, lines)
-        parts = [np.zeros(int(0.5 * SAMPLE_RATE), np.float32)]
-        for i, text in enumerate(texts):
-            parts.append(load_audio(synthesize(text, voices[i % 2])))
+        parts, spoken = [np.zeros(int(0.5 * SAMPLE_RATE), np.float32)], []
+        turns = [[text] for text in rng.sample(pool, lines)] if sentences == 1 \
+            else [rng.sample(pool, sentences) for _ in range(lines)]
+        for i, turn in enumerate(turns):
+            for j, text in enumerate(turn):
+                if j:
+                    parts.append(np.zeros(int(rng.uniform(0.1, 0.3) * SAMPLE_RATE),
+                                          np.float32))
+                parts.append(load_audio(synthesize(text, voices[i % 2])))
+                spoken.append(text)
             parts.append(np.zeros(int(rng.uniform(0.6, 1.4) * SAMPLE_RATE), np.float32))
-        clips.append({"name": f"dialogue-{k}", "audio": np.concatenate(parts),
-                      "reference": " ".join(texts)})
+        clips.append({"name": f"{name}-{k}", "audio": np.concatenate(parts),
+                      "reference": " ".join(spoken)})
     return clips
 
 
@@ -105,13 +115,16 @@ def main() -> None:
     parser.add_argument("--model", default="whisper-base")
     parser.add_argument("--configs", nargs="+", default=["pad=10"])
     parser.add_argument("--dialogues", type=int, default=4)
+    parser.add_argument("--long-lines", type=int, default=0,
+                        help="dialogues whose lines are three sentences (6-10 s buffers)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoder", default="auto", help="as transcribe's --encoder")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
     runtime = load_model(args.model, threads=args.threads, encoder=args.encoder)
     clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
-             for c in real_speech_clips()] + dialogues(args.dialogues)
+             for c in real_speech_clips()] + dialogues(args.dialogues) \
+        + dialogues(args.long_lines, lines=4, seed=1, sentences=3, words=(6, 12), name="long")
     ct2 = getattr(runtime, "ct2", runtime)  # auto: its CTranslate2 model
     for clip in clips:
         clip["offline"] = wer(clip["reference"], runtime.transcribe(clip["audio"]).text)
