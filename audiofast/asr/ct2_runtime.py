@@ -93,9 +93,9 @@ class CT2Whisper:
         if self.own_encoder is None or mel_windows.shape[-1] < self.own_min_frames:
             return self.model.encode(ctranslate2.StorageView.from_array(mel_windows))
         # generate() takes encoder output as well as features; the view borrows the array's
-        # memory, so the array is kept alive until the next encode.
-        self._encoded = self.own_encoder(mel_windows)
-        return ctranslate2.StorageView.from_array(self._encoded)
+        # memory and holds a reference to it (no shared field: the live server encodes in two
+        # threads at once).
+        return ctranslate2.StorageView.from_array(self.own_encoder(mel_windows))
 
     def detect_language(self, encoded: ctranslate2.StorageView) -> tuple[str, float]:
         if self.vocab is None:

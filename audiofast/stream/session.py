@@ -228,10 +228,9 @@ class StreamSession:
     def _early_end(self, utt: Utterance) -> int | None:
         """The sample the utterance closes on if the silence VAD is hearing lasts, once its
         post-roll has arrived and if not decoded ahead already (None: nothing to do ahead)."""
-        silence = self.detector.pending_end if self.options.early_close else None
-        if silence is None or self.utterances[-1] is not utt:
+        if not self._silence_pending(utt):
             return None
-        end = silence + int(self.options.post_roll_s * SAMPLE_RATE)
+        end = self.detector.pending_end + int(self.options.post_roll_s * SAMPLE_RATE)
         if end > self.received or end <= max(utt.decoded_to, utt.start) \
                 or (utt.early and utt.early[0] == end):
             return None
