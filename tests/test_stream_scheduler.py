@@ -44,49 +44,67 @@ def _session(number: int) -> SimpleNamespace:
                            finish=lambda: None, fail=lambda code: None)
 
 
+class _Decoder:
+    """A stand-in decoder that logs its calls; encoding ``blocking`` waits (in its worker
+    thread) until a decode of urgent requests has run, and times out if that never comes."""
+
+    def __init__(self, blocking: str):
+        self.blocking, self.log = blocking, []
+        self.encoding, self.urgent_done = threading.Event(), threading.Event()
+
+    def encode(self, request):
+        self.log.append(("encode", request.name))
+        if request.name == self.blocking:
+            self.encoding.set()
+            if not self.urgent_done.wait(10):
+                raise TimeoutError("the urgent decode waited for the encoder call")
+        return f"window of {request.name}"
+
+    def decode(self, requests, encoded=None):
+        self.log.append(("decode", [r.name for r in requests], encoded))
+        if any(r.urgent for r in requests):
+            self.urgent_done.set()
+        return [f"text of {r.name}" for r in requests]
+
+
+async def _arrives_during_encode(decoder: _Decoder, scheduler: DecodeScheduler,
+                                 session: SimpleNamespace, name: str) -> None:
+    """An urgent request comes due for ``session`` while the blocking window encodes, and
+    wakes the scheduler as a VAD feed does."""
+    await asyncio.to_thread(decoder.encoding.wait, 10)
+    session.stream.requests.append(SimpleNamespace(name=name, urgent=True, ready=None))
+    scheduler.wake.set()
+
+
+def _updates(*sessions: SimpleNamespace) -> list[tuple[SimpleNamespace, SimpleNamespace]]:
+    """A round of updates, one per session, handed out by the round's collect."""
+    for session in sessions:
+        session.stream.in_flight = True
+    return [(session, SimpleNamespace(name=f"update {session.id}", urgent=False, ready=None))
+            for session in sessions]
+
+
 def test_first_words_come_due_during_an_update_encode_and_are_decoded_beside_it():
     """A request a user waits on that comes due while an update's window is encoding is
     decoded beside that encoder call, not after it: the stand-in encoder call only returns
     once the urgent decode has run (it would otherwise time out), and the update is still
     decoded and applied afterwards."""
-    encoding, urgent_done, log = threading.Event(), threading.Event(), []
-
-    class Decoder:
-        def encode(self, request):
-            encoding.set()
-            log.append("encode")
-            if not urgent_done.wait(10):
-                raise TimeoutError("the urgent decode waited for the encoder call")
-            return f"window of {request.name}"
-
-        def decode(self, requests, encoded=None):
-            log.append(("decode", [r.name for r in requests], encoded))
-            if any(r.urgent for r in requests):
-                urgent_done.set()
-            return [f"text of {r.name}" for r in requests]
+    decoder = _Decoder(blocking="update 1")
 
     async def run() -> DecodeScheduler:
         updating, waiting = _session(1), _session(2)
-        scheduler = DecodeScheduler(Decoder(), {1: updating, 2: waiting}, 0.0, 8)
-        update = SimpleNamespace(name="update", urgent=False, ready=None)
-        updating.stream.in_flight = True  # handed out by the round's collect
-
-        async def first_words_arrive() -> None:
-            await asyncio.to_thread(encoding.wait, 10)
-            waiting.stream.requests.append(SimpleNamespace(name="first words", urgent=True,
-                                                           ready=None))
-            scheduler.wake.set()  # as a VAD feed does
-
-        arrival = asyncio.ensure_future(first_words_arrive())
-        await scheduler._run_batch([(updating, update)], updates=True)
+        scheduler = DecodeScheduler(decoder, {1: updating, 2: waiting}, 0.0, 8)
+        arrival = asyncio.ensure_future(
+            _arrives_during_encode(decoder, scheduler, waiting, "first words"))
+        await scheduler._run_batch(_updates(updating), updates=True)
         await arrival
-        assert updating.stream.applied == ["text of update"]
+        assert updating.stream.applied == ["text of update 1"]
         assert waiting.stream.applied == ["text of first words"]
         return scheduler
 
     scheduler = asyncio.run(run())
-    assert log == ["encode", ("decode", ["first words"], None),
-                   ("decode", ["update"], ["window of update"])], log
+    assert decoder.log == [("encode", "update 1"), ("decode", ["first words"], None),
+                           ("decode", ["update 1"], ["window of update 1"])], decoder.log
     assert scheduler.stats["urgent_beside"] == 1 and scheduler.stats["decode_failures"] == 0
 
 
@@ -95,44 +113,21 @@ def test_a_close_replaces_its_sessions_encoded_update_while_the_round_still_enco
     comes due. The close is decoded beside that encoder call (it would otherwise wait for
     the round's last encoder call and its decode), and session 1's encoded update is dropped
     from the round's decode, never applied; session 2's update is decoded as before."""
-    second_encoding, close_done, log = threading.Event(), threading.Event(), []
-
-    class Decoder:
-        def encode(self, request):
-            log.append(("encode", request.name))
-            if request.name == "update 2":
-                second_encoding.set()
-                if not close_done.wait(10):
-                    raise TimeoutError("the close waited for the round")
-            return f"window of {request.name}"
-
-        def decode(self, requests, encoded=None):
-            log.append(("decode", [r.name for r in requests]))
-            if any(r.urgent for r in requests):
-                close_done.set()
-            return [f"text of {r.name}" for r in requests]
+    decoder = _Decoder(blocking="update 2")
 
     async def run() -> DecodeScheduler:
         one, two = _session(1), _session(2)
-        scheduler = DecodeScheduler(Decoder(), {1: one, 2: two}, 0.0, 8)
-        updates = [(one, SimpleNamespace(name="update 1", urgent=False, ready=None)),
-                   (two, SimpleNamespace(name="update 2", urgent=False, ready=None))]
-        one.stream.in_flight = two.stream.in_flight = True  # handed out by the round's collect
-
-        async def close_comes_due() -> None:
-            await asyncio.to_thread(second_encoding.wait, 10)
-            one.stream.requests.append(SimpleNamespace(name="close 1", urgent=True,
-                                                       ready=None))
-            scheduler.wake.set()
-
-        arrival = asyncio.ensure_future(close_comes_due())
-        await scheduler._run_batch(updates, updates=True)
+        scheduler = DecodeScheduler(decoder, {1: one, 2: two}, 0.0, 8)
+        arrival = asyncio.ensure_future(
+            _arrives_during_encode(decoder, scheduler, one, "close 1"))
+        await scheduler._run_batch(_updates(one, two), updates=True)
         await arrival
         assert one.stream.applied == ["text of close 1"]
         assert two.stream.applied == ["text of update 2"]
         return scheduler
 
     scheduler = asyncio.run(run())
-    assert log == [("encode", "update 1"), ("encode", "update 2"), ("decode", ["close 1"]),
-                   ("decode", ["update 2"])], log
+    assert decoder.log == [("encode", "update 1"), ("encode", "update 2"),
+                           ("decode", ["close 1"], None),
+                           ("decode", ["update 2"], ["window of update 2"])], decoder.log
     assert scheduler.stats["urgent_beside"] == 1
