@@ -160,3 +160,30 @@ def test_no_update_while_a_silence_that_may_end_the_utterance_waits_for_its_post
     kinds = [(r.urgent, r.probe) for r in in_silence]
     assert kinds and all(urgent and not probe for urgent, probe in kinds), kinds
     assert wer(clips["clone-test"].reference, " ".join(texts)) <= 0.1, texts
+
+
+def test_urgent_requests_say_how_long_their_user_has_waited(live, clips):
+    """The scheduler orders what users wait on by deadline, from ``waited_s``: first words
+    are asked for ``first_chunk_s`` after VAD heard the speech begin, a close ``post_roll_s``
+    after the silence that ends it began (one decoded ahead is handed out once VAD confirms
+    the end, ``min_silence_s`` in). Fed in 50 ms frames, each is that late give or take a
+    frame and VAD's 32 ms chunk."""
+    decoder = StreamDecoder(live)
+    options = StreamOptions()
+    session = StreamSession(decoder.tokenizer, options)
+    audio = np.concatenate([load_audio(clips["clone-test"].audio), np.zeros(16000, np.float32)])
+    waits: dict[str, list[float]] = {"probe": [], "close": [], "ready": []}
+    for start in range(0, len(audio), 800):
+        session.feed(audio[start:start + 800])
+        while (request := session.next_request()) is not None:
+            if request.urgent:
+                kind = "probe" if request.probe else "ready" if request.ready else "close"
+                waits[kind].append(request.waited_s)
+            session.apply(request.ready or decoder.decode([request])[0])
+    slack = 0.05 + 0.032
+    assert waits["probe"] and waits["close"] and waits["ready"], waits
+    assert all(options.first_chunk_s <= w <= options.first_chunk_s + slack
+               for w in waits["probe"]), waits
+    assert all(options.post_roll_s <= w <= options.post_roll_s + slack
+               for w in waits["close"]), waits
+    assert all(w >= session.detector.options.min_silence_s for w in waits["ready"]), waits

@@ -72,7 +72,7 @@ async def _arrives_during_encode(decoder: _Decoder, scheduler: DecodeScheduler,
     """An urgent request comes due for ``session`` while the blocking window encodes, and
     wakes the scheduler as a VAD feed does."""
     await asyncio.to_thread(decoder.encoding.wait, 10)
-    session.stream.requests.append(SimpleNamespace(name=name, urgent=True, ready=None))
+    session.stream.requests.append(_request(name, urgent=True))
     scheduler.wake.set()
 
 
@@ -80,8 +80,13 @@ def _updates(*sessions: SimpleNamespace) -> list[tuple[SimpleNamespace, SimpleNa
     """A round of updates, one per session, handed out by the round's collect."""
     for session in sessions:
         session.stream.in_flight = True
-    return [(session, SimpleNamespace(name=f"update {session.id}", urgent=False, ready=None))
-            for session in sessions]
+    return [(session, _request(f"update {session.id}", urgent=False)) for session in sessions]
+
+
+def _request(name: str, urgent: bool, probe: bool = False, waited_s: float = 0.0,
+             ready: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(name=name, urgent=urgent, probe=probe, waited_s=waited_s,
+                           ready=ready)
 
 
 def test_first_words_come_due_during_an_update_encode_and_are_decoded_beside_it():
@@ -131,3 +136,31 @@ def test_a_close_replaces_its_sessions_encoded_update_while_the_round_still_enco
                            ("decode", ["close 1"], None),
                            ("decode", ["update 2"], ["window of update 2"])], decoder.log
     assert scheduler.stats["urgent_beside"] == 1
+
+
+def test_what_users_wait_on_goes_one_at_a_time_nearest_deadline_first():
+    """Three sessions' urgent requests come due in one round: a close decoded ahead (no
+    work), a close whose speech ended 0.2 s ago (0.8 s left) and first words whose speech
+    began 0.3 s ago (0.2 s left). Each is decoded on its own, the free one first, then
+    earliest deadline first, so each goes out when its own decode is done."""
+    decoder = _Decoder(blocking="")
+
+    async def run() -> None:
+        sessions = {k: _session(k) for k in (1, 2, 3)}
+        sessions[1].stream.requests.append(_request("close 1", True, waited_s=0.2))
+        sessions[2].stream.requests.append(_request("first words 2", True, probe=True,
+                                                    waited_s=0.3))
+        sessions[3].stream.requests.append(_request("close 3", True, ready="ahead"))
+        scheduler = DecodeScheduler(decoder, sessions, 0.0, 8)
+        scheduler.start()
+        scheduler.wake.set()
+        for _ in range(200):
+            if all(s.stream.applied for s in sessions.values()):
+                break
+            await asyncio.sleep(0.01)
+        scheduler.stopping = True
+        scheduler._task.cancel()
+
+    asyncio.run(run())
+    assert [entry[1] for entry in decoder.log] == [
+        ["close 3"], ["first words 2"], ["close 1"]], decoder.log

@@ -88,6 +88,10 @@ class DecodeRequest:
     # Looking for an utterance's first words: decoded with ``probe_pad_s`` of silence. Its
     # text is only a partial; nothing is committed until a full-pad decode agrees with it.
     probe: bool = False
+    # An urgent request's user has waited this long (stream seconds since the speech began
+    # for first words, since it ended for a close): the scheduler serves the nearest deadline
+    # first.
+    waited_s: float = 0.0
 
 
 class StreamDecoder:

@@ -175,10 +175,12 @@ class StreamSession:
         # What the last decode said after the prefix: the draft the new decode verifies.
         draft = utt.committed[len(prefix):] + utt.previous
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
+        since = end - int(self.options.post_roll_s * SAMPLE_RATE) if closing else utt.onset
         return DecodeRequest(self._samples(utt.start, end),
                              self.context[-self.options.context_tokens:],
                              self.options.language, self.options.task, prefix, draft, ready,
-                             urgent=closing or not heard, probe=not (closing or heard))
+                             urgent=closing or not heard, probe=not (closing or heard),
+                             waited_s=(self.received - since) / SAMPLE_RATE)
 
     def supersede(self) -> DecodeRequest | None:
         """Replace the update in flight, not decoded yet, by the close that came due since
