@@ -197,3 +197,26 @@ def test_mel_runs_numpys_blas_on_one_thread_and_gives_its_threads_back(monkeypat
     features.log_mel_spectrogram(np.zeros(SAMPLE_RATE, np.float32))
     assert seen == [1]
     assert blas_threads() == before
+
+
+def test_one_blas_thread_held_by_two_threads_is_restored_by_the_last_to_leave():
+    """The live server computes mels and fused encoder calls in two threads at once: while
+    either is inside, BLAS stays on one thread, and once both have left it has what it had
+    before (each holding its own limit restored the other's, and left one thread for good)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from audiofast.asr.blas import one_blas_thread
+
+    def blas_threads() -> int:
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != 2:
+            pytest.skip("numpy's BLAS cannot run two threads here: nothing to restore")
+        first, second = one_blas_thread(), one_blas_thread()
+        first.__enter__()
+        second.__enter__()  # the second thread enters while the first is inside
+        first.__exit__(None, None, None)
+        inside = blas_threads()
+        second.__exit__(None, None, None)
+        assert (inside, blas_threads()) == (1, 2)
