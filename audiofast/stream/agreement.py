@@ -95,3 +95,14 @@ def last_segment_end(tokens: list[int], tokenizer: WhisperTokenizer) -> int | No
         if tokens[i] >= ts_begin and tokens[i - 1] < ts_begin:
             return i
     return None
+
+
+def token_probs(tokens: list[int], tokenizer: WhisperTokenizer,
+                text_probs: list[float] | None) -> list[float | None]:
+    """Each token's probability from the alignment (text tokens only; None elsewhere)."""
+    probs: list[float | None] = [None] * len(tokens)
+    if text_probs:
+        text_at = [i for i, t in enumerate(tokens) if t < tokenizer.eot]
+        for i, p in zip(text_at, text_probs, strict=False):
+            probs[i] = p
+    return probs

@@ -32,6 +32,7 @@ from audiofast.stream.agreement import (
     last_segment_end,
     shift_timestamps,
     starts_word,
+    token_probs,
     token_spans,
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
@@ -258,7 +259,7 @@ class StreamSession:
         aligned = bool(hyp.text_times) and len(tokens) > 0
         spans = aligned_spans(tokens, tok, hyp.text_times, duration) if aligned \
             else token_spans(tokens, tok, duration)
-        probs = _token_probs(tokens, tok, hyp.text_probs)
+        probs = token_probs(tokens, tok, hyp.text_probs)
         if silent and aligned and hyp.text_probs and not utt.committed \
                 and words_anomalous(self._words(utt, tokens, spans, probs)):
             # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
@@ -380,17 +381,6 @@ class StreamSession:
         self._last_partial = text
         return [{"type": "partial", "utterance": utt.index, "text": text,
                  "start": round(start, 3)}]
-
-
-def _token_probs(tokens: list[int], tok: WhisperTokenizer,
-                 text_probs: list[float] | None) -> list[float | None]:
-    """Each token's probability from the alignment (text tokens only; None elsewhere)."""
-    probs: list[float | None] = [None] * len(tokens)
-    if text_probs:
-        text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
-        for i, p in zip(text_at, text_probs, strict=False):
-            probs[i] = p
-    return probs
 
 
 def _mean(values: list[float | None]) -> float | None:
