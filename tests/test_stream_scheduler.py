@@ -46,10 +46,11 @@ def _session(number: int) -> SimpleNamespace:
 
 class _Decoder:
     """A stand-in decoder that logs its calls; encoding ``blocking`` waits (in its worker
-    thread) until a decode of urgent requests has run, and times out if that never comes."""
+    thread) until a decode of urgent requests (``released_by``: of that one) has run, and times
+    out if that never comes."""
 
-    def __init__(self, blocking: str):
-        self.blocking, self.log = blocking, []
+    def __init__(self, blocking: str, released_by: str | None = None):
+        self.blocking, self.released_by, self.log = blocking, released_by, []
         self.encoding, self.urgent_done = threading.Event(), threading.Event()
 
     def encode(self, request):
@@ -62,7 +63,7 @@ class _Decoder:
 
     def decode(self, requests, encoded=None):
         self.log.append(("decode", [r.name for r in requests], encoded))
-        if any(r.urgent for r in requests):
+        if any(r.urgent and self.released_by in (None, r.name) for r in requests):
             self.urgent_done.set()
         return [f"text of {r.name}" for r in requests]
 
@@ -164,3 +165,36 @@ def test_what_users_wait_on_goes_one_at_a_time_nearest_deadline_first():
     asyncio.run(run())
     assert [entry[1] for entry in decoder.log] == [
         ["close 3"], ["first words 2"], ["close 1"]], decoder.log
+
+
+def test_a_close_that_comes_due_while_urgent_work_runs_replaces_its_update_at_once():
+    """Session 1's update is encoding; session 2's first words are decoded beside it, and
+    while they are, session 1's close comes due (its feed wakes the scheduler). The close is
+    decoded right after the first words, replacing the update, not after the update's encoder
+    call returns (that wake-up used to be lost: the stand-in encoder call only returns once
+    the close has been decoded, and times out otherwise)."""
+    decoder = _Decoder(blocking="update 1", released_by="close 1")
+
+    async def run() -> DecodeScheduler:
+        one, two = _session(1), _session(2)
+        scheduler = DecodeScheduler(decoder, {1: one, 2: two}, 0.0, 8)
+        decode = decoder.decode
+
+        def first_words_then_close(requests, encoded=None):
+            if [r.name for r in requests] == ["first words 2"]:
+                one.stream.requests.append(_request("close 1", urgent=True))
+                scheduler.wake.set()
+            return decode(requests, encoded)
+
+        decoder.decode = first_words_then_close
+        arrival = asyncio.ensure_future(
+            _arrives_during_encode(decoder, scheduler, two, "first words 2"))
+        await scheduler._run_batch(_updates(one), updates=True)
+        await arrival
+        assert one.stream.applied == ["text of close 1"]
+        assert two.stream.applied == ["text of first words 2"]
+        return scheduler
+
+    asyncio.run(run())
+    assert decoder.log == [("encode", "update 1"), ("decode", ["first words 2"], None),
+                           ("decode", ["close 1"], None)], decoder.log

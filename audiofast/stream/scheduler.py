@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -162,7 +163,8 @@ class DecodeScheduler:
                 if part:
                     # A crash fails the sessions not served yet (their requests are in flight).
                     self._round = [s for s, _ in (batch if i == 0 else rest)]
-                    await (self._run_batch(part, updates=True) if i else self._run_urgent(part))
+                    await (self._run_batch(part, updates=True) if i
+                           else self._serve_urgent([], 0, set(), None, due=part))
             if batch:
                 self.wake.set()  # results may make more decodes due
             self._round = []
@@ -293,11 +295,42 @@ class DecodeScheduler:
             running.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _serve_urgent(self, batch: list[tuple[LiveSession, DecodeRequest]], first: int,
-                            superseded: set[int], counter: str = "urgent_between") -> None:
-        """Decode and apply, in a batch of its own, what users wait on that came due while the
-        round's updates ``batch`` (from index ``first`` on: not decoded yet, and replaced by
-        their session's close if one came due) wait; ``counter``: the /health count it adds
-        to."""
+                            superseded: set[int], counter: str | None = "urgent_between",
+                            due: list[tuple[LiveSession, DecodeRequest]] | None = None) -> None:
+        """Decode and apply what users wait on (``due``, and what comes due meanwhile) one
+        request at a time: closes decoded ahead first (they cost nothing), then earliest
+        deadline first. In a burst (several sessions' closes and first words at once) each goes
+        out when its own encoder call and decode are done, not when a whole batch's are (the
+        encoder costs the same batched or not; the decoder's steps are a few ms). After each,
+        what came due while it ran is collected, including the close of a session whose update
+        in the round's ``batch`` (from index ``first`` on: not decoded yet) it replaces; the
+        wake-up such an arrival sent would otherwise be lost. ``counter``: the /health count
+        it adds to, once per call that serves anything."""
+        queue: list[tuple[tuple[bool, float], LiveSession, DecodeRequest]] = []
+        round_sessions = self._round
+        counted = counter is None
+        while True:
+            now = time.monotonic()
+            for session, request in (due or []) + self._came_due(batch, first, superseded):
+                target = FIRST_WORDS_S if request.probe else FINAL_S
+                queue.append(((request.ready is None, now + target - request.waited_s),
+                              session, request))
+            due = None
+            if not queue:
+                break
+            if not counted:
+                self.stats[counter] += 1
+                counted = True
+            queue.sort(key=lambda item: item[0])
+            _, session, request = queue.pop(0)
+            self._round = round_sessions + [session] + [s for _, s, _ in queue]
+            await self._run_batch([(session, request)])
+        self._round = round_sessions
+
+    def _came_due(self, batch: list[tuple[LiveSession, DecodeRequest]], first: int,
+                  superseded: set[int]) -> list[tuple[LiveSession, DecodeRequest]]:
+        """What users wait on that is due now: sessions' first words and closes, and the
+        closes that replace updates of ``batch`` (from index ``first`` on)."""
         urgent = []
         for k in range(first, len(batch)):
             session = batch[k][0]
@@ -307,28 +340,7 @@ class DecodeScheduler:
             if request is not None:
                 superseded.add(k)
                 urgent.append((session, request))
-        urgent += self._collect(0, urgent_only=True)
-        if not urgent:
-            return
-        self.stats[counter] += 1
-        round_sessions = self._round
-        self._round = round_sessions + [s for s, _ in urgent]
-        await self._run_urgent(urgent)
-        self._round = round_sessions
-
-    async def _run_urgent(self, urgent: list[tuple[LiveSession, DecodeRequest]]) -> None:
-        """Decode and apply what users wait on one request at a time, closes decoded ahead
-        first (they cost nothing), then earliest deadline first: in a burst (several
-        sessions' closes and first words at once) each goes out as soon as its own encoder
-        call and decode are done, not when the whole batch's are (the encoder costs the same
-        batched or not; the decoder's steps are a few ms)."""
-        def time_left(item: tuple[LiveSession, DecodeRequest]) -> tuple[bool, float]:
-            request = item[1]
-            return (request.ready is None,
-                    (FIRST_WORDS_S if request.probe else FINAL_S) - request.waited_s)
-
-        for item in sorted(urgent, key=time_left):
-            await self._run_batch([item])
+        return urgent + self._collect(0, urgent_only=True)
 
     async def _decode(self, batch: list[tuple[LiveSession, DecodeRequest]]
                       ) -> list[Hypothesis | None]:
