@@ -77,6 +77,16 @@ async def _arrives_during_encode(decoder: _Decoder, scheduler: DecodeScheduler,
     scheduler.wake.set()
 
 
+async def _round_while_arriving(decoder: _Decoder, scheduler: DecodeScheduler,
+                                updating: list[SimpleNamespace], arriving: SimpleNamespace,
+                                name: str) -> None:
+    """A round of updates of ``updating``; ``name`` comes due for ``arriving`` while the
+    blocking window encodes."""
+    arrival = asyncio.ensure_future(_arrives_during_encode(decoder, scheduler, arriving, name))
+    await scheduler._run_batch(_updates(*updating), updates=True)
+    await arrival
+
+
 def _updates(*sessions: SimpleNamespace) -> list[tuple[SimpleNamespace, SimpleNamespace]]:
     """A round of updates, one per session, handed out by the round's collect."""
     for session in sessions:
@@ -100,10 +110,7 @@ def test_first_words_come_due_during_an_update_encode_and_are_decoded_beside_it(
     async def run() -> DecodeScheduler:
         updating, waiting = _session(1), _session(2)
         scheduler = DecodeScheduler(decoder, {1: updating, 2: waiting}, 0.0, 8)
-        arrival = asyncio.ensure_future(
-            _arrives_during_encode(decoder, scheduler, waiting, "first words"))
-        await scheduler._run_batch(_updates(updating), updates=True)
-        await arrival
+        await _round_while_arriving(decoder, scheduler, [updating], waiting, "first words")
         assert updating.stream.applied == ["text of update 1"]
         assert waiting.stream.applied == ["text of first words"]
         return scheduler
@@ -124,10 +131,7 @@ def test_a_close_replaces_its_sessions_encoded_update_while_the_round_still_enco
     async def run() -> DecodeScheduler:
         one, two = _session(1), _session(2)
         scheduler = DecodeScheduler(decoder, {1: one, 2: two}, 0.0, 8)
-        arrival = asyncio.ensure_future(
-            _arrives_during_encode(decoder, scheduler, one, "close 1"))
-        await scheduler._run_batch(_updates(one, two), updates=True)
-        await arrival
+        await _round_while_arriving(decoder, scheduler, [one, two], one, "close 1")
         assert one.stream.applied == ["text of close 1"]
         assert two.stream.applied == ["text of update 2"]
         return scheduler
@@ -187,10 +191,7 @@ def test_a_close_that_comes_due_while_urgent_work_runs_replaces_its_update_at_on
             return decode(requests, encoded)
 
         decoder.decode = first_words_then_close
-        arrival = asyncio.ensure_future(
-            _arrives_during_encode(decoder, scheduler, two, "first words 2"))
-        await scheduler._run_batch(_updates(one), updates=True)
-        await arrival
+        await _round_while_arriving(decoder, scheduler, [one], two, "first words 2")
         assert one.stream.applied == ["text of close 1"]
         assert two.stream.applied == ["text of first words 2"]
         return scheduler
