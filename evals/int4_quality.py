@@ -4,14 +4,15 @@
         --candidates int8 int8-head4 int4-head8 int4 runs/qad/whisper-base-qad-int4-head8 \
         --out evals/benchmarks/2026-12-02-epyc-avx512-int4
 
-Per candidate decoder (a fused precision of ``--model``, or a QAD export folder at its own
-precision), against the fp32 reference decoder of the same model, teacher-forced on the same
-windows and tokens (the CTranslate2 int8 model's greedy transcripts, timestamps included):
-mean KL(fp32 || candidate) per token and top-1 agreement, on held-out domain sentences spoken
-by flite (what QAD trains on, other sentences) and apart on the four real recordings (first
-30 s window each); then real-speech WER (whole clips, the default options, language en) and
-decoder ms/token on those transcriptions (median of ``--runs``). Writes ``<out>.json`` and
-``<out>.md``; prints the table.
+Per candidate decoder (a fused precision of ``--model``, or a QAD or GPTQ export folder at
+its own precision or as ``FOLDER@PRECISION``), against the fp32 reference decoder of the same
+model, teacher-forced on the same windows and tokens (the CTranslate2 int8 model's greedy
+transcripts, timestamps included): mean KL(fp32 || candidate) per token and top-1
+agreement, on held-out domain sentences spoken by flite (what QAD trains on, other
+sentences) and apart on the four real recordings (first 30 s window each); then real-speech
+WER (whole clips, the default options, language en) and decoder ms/token on those
+transcriptions (median of ``--runs``). Writes ``<out>.json`` and ``<out>.md``; prints the
+table.
 """
 
 from __future__ import annotations
@@ -109,10 +110,11 @@ def main() -> None:
     del fp32
     rows = []
     for name in args.candidates:
-        folder = Path(name)
-        if folder.is_dir():  # a QAD export, at its own precision
-            runtime = FastWhisper(str(folder), threads=args.threads)
-            label = f"QAD {runtime.engine.precision} ({folder.name})"
+        path, _, precision = name.partition("@")
+        folder = Path(path)
+        if folder.is_dir():  # a QAD or GPTQ export, at its own precision or @PRECISION
+            runtime = FastWhisper(str(folder), threads=args.threads, precision=precision or None)
+            label = f"{folder.name} @ {runtime.engine.precision}"
         else:
             runtime = FastWhisper(threads=args.threads, precision=name, ct2=ct2)
             label = f"PTQ {name}" if "4" in name else name

@@ -39,6 +39,12 @@ def quantize_int4(weight: torch.Tensor, group: int = GROUP, search: bool = True
             better = err < best_err
             best_scale = torch.where(better, scale, best_scale)
             best_err = torch.minimum(err, best_err)
+    if search:  # weights already on a grid (GPTQ's, QAD's export) get that grid back exactly
+        for top in range(1, -QMIN + 1):  # absmax / |largest value| is their scale
+            scale = _fp16_scale(absmax / top)
+            exact = ((_round(w, scale) * scale[..., None] - w) ** 2).sum(-1) == 0
+            best_scale = torch.where(exact & (best_err > 0), scale, best_scale)
+            best_err = torch.where(exact, torch.zeros_like(best_err), best_err)
     q = _round(w, best_scale).to(torch.int8).reshape(out, width)
     return q, best_scale.half()
 

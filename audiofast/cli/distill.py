@@ -27,6 +27,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                    help="ASR qad: the decoder layers' weight bits")
     p.add_argument("--head-bits", type=int, choices=[8, 4], default=8,
                    help="ASR qad: the output head's weight bits (4: rounded, not trained)")
+    p.add_argument("--rounding", choices=["nearest", "gptq"], default=None,
+                   help="ASR qad: how the int4 layers are first rounded: to the nearest grid "
+                   "value (default) or with GPTQ on the training clips; --steps 0 exports that")
     p.add_argument("--model", default=None,
                    help="ASR target (default: whisper-base) or SA3 parent checkpoint directory")
     p.add_argument("--keep", type=int, default=8000,
@@ -105,7 +108,8 @@ def _run_qad_asr(args: argparse.Namespace) -> int:
     from audiofast.eval.gate import gate_asr, load_config
 
     precision = "int4" if args.head_bits == 4 else "int4-head8"
-    recipe = QadRecipe(precision=precision, **_asr_recipe_overrides(args))
+    rounding = {"rounding": args.rounding} if args.rounding else {}
+    recipe = QadRecipe(precision=precision, **_asr_recipe_overrides(args), **rounding)
     model = args.model or "whisper-base"
     out = distill_qad(model, recipe, args.workdir or Path("runs/distill"), args.out, args.threads)
     print(out)

@@ -39,6 +39,7 @@ from audiofast.distill.asr import (
     model_name,
     split_corpus,
 )
+from audiofast.distill.gptq import gptq_decoder
 from audiofast.eval.datasets import domain_corpus
 from audiofast.models.ct2_to_hf import whisper_from_ct2
 from audiofast.training import TrainOptions, train
@@ -90,6 +91,21 @@ def grid_reproduced(model, group: int = GROUP) -> float:
     return same / total
 
 
+def calibration_batches(examples: list[Example], batch_size: int
+                        ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Every example once, in batches: encoder states, decoder inputs and the mask of the
+    positions fed (prompt and target, not padding): GPTQ's calibration inputs."""
+    batches = []
+    for first in range(0, len(examples), batch_size):
+        index = torch.arange(first, min(first + batch_size, len(examples)))
+        encoded, inputs, _ = _batch(examples, index, list)
+        fed = torch.zeros_like(inputs, dtype=torch.bool)
+        for row, i in enumerate(index.tolist()):
+            fed[row, : len(examples[i].prompt) + len(examples[i].target) - 1] = True
+        batches.append((encoded, inputs, fed))
+    return batches
+
+
 def train_qad(teacher, student, examples: list[Example], opts: TrainOptions,
               checkpoint: str | Path, batch_size: int = 4, temperature: float = 1.0,
               alpha: float = 1.0, prompt_kl: bool = True):
@@ -136,6 +152,7 @@ class QadRecipe:
     alpha: float = 1.0  # KL to the full-precision decoder only
     prompt_kl: bool = True  # KL on the prompt's positions too (the no-speech probability)
     corpus: str = "flite"  # or "varied" (asr.CORPORA)
+    rounding: str = "nearest"  # or "gptq": rounded with GPTQ before training (gptq.py)
 
 
 def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
@@ -147,6 +164,8 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
                          f"{recipe.precision!r}")
     if recipe.group != GROUP:
         raise ValueError(f"the packer rounds in groups of {GROUP}; QAD must train on the same")
+    if recipe.rounding not in ("nearest", "gptq"):
+        raise ValueError(f"rounding is nearest or gptq, not {recipe.rounding!r}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     teacher_rt = CT2Whisper(model, threads=threads, encoder="ct2")
@@ -160,13 +179,17 @@ def distill_qad(model: str, recipe: QadRecipe, workdir: str | Path,
                               voices=voices, augmentations=augmentations)
     teacher, _ = whisper_from_ct2(teacher_rt.resolved.ct2_dir)
     student = copy.deepcopy(teacher)
+    if recipe.rounding == "gptq":
+        gptq_decoder(student, INT4_LINEARS, calibration_batches(examples, recipe.batch_size),
+                     recipe.group)
     attach_grids(student, recipe.group)
     name = f"{model_name(teacher_rt)}-qad-{recipe.precision}"
     # The checkpoint is the recipe's, less its step count: asking for more steps resumes,
     # another learning rate or corpus starts afresh instead of continuing a different run.
     fields = asdict(replace(recipe, steps=0))
-    if fields["corpus"] == "flite":  # the default keeps the key runs had before it existed
-        del fields["corpus"]
+    for key, default in (("corpus", "flite"), ("rounding", "nearest")):
+        if fields[key] == default:  # a default keeps the key runs had before it existed
+            del fields[key]
     run = hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:8]
     if recipe.steps:
         opts = TrainOptions(steps=recipe.steps, lr=recipe.lr, weight_decay=0.0,
