@@ -26,7 +26,7 @@ BLOCK = 128  # columns rounded before their error is pushed to the rest in one m
 
 
 def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, group: int = GROUP,
-               damping: float = DAMPING) -> torch.Tensor:
+               damping: float = DAMPING, act_order: bool = True) -> torch.Tensor:
     """``weight`` (out, in) rounded onto its int4 grid (the searched group scales of the
     weight as given), one input column at a time, each column's rounding error compensated
     on the columns after it through ``hessian`` (in, in). Returns the rounded weight (q x scale, the
@@ -43,7 +43,7 @@ def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, group: int = GROUP,
     # The most active inputs first (GPTQ's "act order"): their errors are the costliest, and
     # rounded early they still have every later column to absorb them. Each column keeps its
     # own group's scale, so the grid is the packer's whatever the order.
-    order = torch.argsort(torch.diag(h), descending=True)
+    order = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(width)
     w, h, scales = w[:, order], h[order][:, order], scales[:, order]
     # Upper Cholesky factor of H^-1: row i holds how column i's error spreads to later ones.
     inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
@@ -88,7 +88,7 @@ def _hessians(model, layer: nn.Module, names: tuple[str, ...], batches) -> dict[
 
 
 def gptq_decoder(model, names: tuple[str, ...], batches, group: int = GROUP,
-                 progress: bool = True) -> None:
+                 progress: bool = True, act_order: bool = True) -> None:
     """Round ``model``'s decoder linears ``names`` (in every layer) in place with GPTQ, layer
     by layer. ``batches``: (encoder states, decoder inputs, bool mask of the real positions)
     for calibration."""
@@ -99,5 +99,5 @@ def gptq_decoder(model, names: tuple[str, ...], batches, group: int = GROUP,
         hessians = _hessians(model, layer, names, batches)
         for name in names:
             linear = layer.get_submodule(name)
-            linear.weight.data = gptq_round(linear.weight, hessians[name], group).to(
-                linear.weight.dtype)
+            linear.weight.data = gptq_round(linear.weight, hessians[name], group,
+                                            act_order=act_order).to(linear.weight.dtype)
