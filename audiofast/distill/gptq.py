@@ -29,8 +29,8 @@ def gptq_round(weight: torch.Tensor, hessian: torch.Tensor, group: int = GROUP,
                damping: float = DAMPING, act_order: bool = True) -> torch.Tensor:
     """``weight`` (out, in) rounded onto its int4 grid (the searched group scales of the
     weight as given), one input column at a time, each column's rounding error compensated
-    on the columns after it through ``hessian`` (in, in). Returns the rounded weight (q x scale, the
-    values the kernel multiplies by), float32."""
+    on the columns after it through ``hessian`` (in, in). Returns the rounded weight
+    (q x scale, the values the kernel multiplies by), float32."""
     w = weight.detach().double().clone()
     out, width = w.shape
     _, scale = quantize_int4(weight.detach().float(), group)
