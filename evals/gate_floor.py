@@ -10,6 +10,12 @@ the gate's limits from it (configs/gates.yaml says how).
     python evals/gate_floor.py [--seeds 4] [--threads 2]
 
 Writes evals/gate_floor.json and prints the table pasted into evals/gate_floor.md.
+
+``--candidates SPEC ...`` judges other specs beside the equivalents under the same draws,
+e.g. whether a candidate that passed the gate at seed 0 stays inside the floor at others:
+
+    python evals/gate_floor.py --first-seed 1 --seeds 2 --full-only \
+        --candidates fast:runs/qad/gptq-int4-varied@int4-kv8 --out /tmp/floor.json
 """
 
 from __future__ import annotations
@@ -32,12 +38,12 @@ EQUIVALENTS = {"ct2 fp32": "whisper-base@float32", "fused int8": "fast:whisper-b
 
 
 def null_deltas(texts: list[str], voices: tuple[str, ...], augmentation: str, seed: int,
-                threads: int) -> list[dict]:
-    """Delta (and its paired-bootstrap 95% interval) of every equivalent vs the baseline."""
+                threads: int, candidates: dict[str, str] = EQUIVALENTS) -> list[dict]:
+    """Delta (and its paired-bootstrap 95% interval) of every candidate vs the baseline."""
     items = build_eval_audio(texts, voices, augmentation, anchors=False, seed=seed)
     base = score(CachedASR(BASELINE, threads), items, "baseline")
     rows = []
-    for label, spec in EQUIVALENTS.items():
+    for label, spec in candidates.items():
         cand = score(CachedASR(spec, threads), items, label)
         delta, lo, hi = bootstrap_delta(cand, base, seed=seed)
         rows.append({"candidate": label, "spec": spec, "seed": seed, "sentences": len(texts),
@@ -53,26 +59,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--full-only", action="store_true", help="not the sweep's half set")
+    parser.add_argument("--candidates", nargs="*", default=[],
+                        help="specs judged beside the equivalents")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("gate_floor.json"))
     args = parser.parse_args()
     cfg = load_config()["asr"]
     full = gate_texts(load_config())
     half, _ = split_texts(full, "even")
     voices = tuple(cfg["voices"])
+    candidates = EQUIVALENTS | {spec: spec for spec in args.candidates}
     rows = []
-    for seed in tqdm(range(args.seeds), desc="seeds"):
-        for texts in (full, half):
-            rows += null_deltas(texts, voices, cfg["augmentation"], seed, args.threads)
+    for seed in tqdm(range(args.first_seed, args.first_seed + args.seeds), desc="seeds"):
+        for texts in (full,) if args.full_only else (full, half):
+            rows += null_deltas(texts, voices, cfg["augmentation"], seed, args.threads,
+                                candidates)
     summary = {}
-    for n in (len(full), len(half)):
-        sub = [r for r in rows if r["sentences"] == n]
+    for n in (len(full),) if args.full_only else (len(full), len(half)):
+        sub = [r for r in rows if r["sentences"] == n and r["spec"] in EQUIVALENTS.values()]
         deltas = [r["delta"] for r in sub]
         highs = [r["ci_high"] for r in sub]
         summary[n] = {"runs": len(sub), "delta_mean": float(np.mean(deltas)),
                       "delta_sd": float(np.std(deltas, ddof=1)), "delta_max": max(deltas),
                       "delta_q95": quantile(deltas, 0.95), "ci_high_max": max(highs),
                       "ci_high_q95": quantile(highs, 0.95)}
-    out = Path(__file__).with_name("gate_floor.json")
-    out.write_text(json.dumps({"baseline": BASELINE, "augmentation": cfg["augmentation"],
+    args.out.write_text(json.dumps({"baseline": BASELINE, "augmentation": cfg["augmentation"],
                                "voices": list(voices), "rows": rows,
                                "summary": summary}, indent=2))
     print("| candidate | sentences | seed | delta (pts) | 95% CI (pts) |")
@@ -87,6 +99,8 @@ def main() -> None:
         print(f"| {n} | {s['runs']} | {100 * s['delta_mean']:+.2f} | {100 * s['delta_sd']:.2f} | "
               f"{100 * s['delta_q95']:+.2f} | {100 * s['delta_max']:+.2f} | "
               f"{100 * s['ci_high_q95']:+.2f} | {100 * s['ci_high_max']:+.2f} |")
+    if args.full_only:
+        return
     ratio = summary[len(half)]["delta_sd"] / max(summary[len(full)]["delta_sd"], 1e-9)
     print(f"\nsd(half) / sd(full) = {ratio:.2f} (sqrt of the size ratio: "
           f"{math.sqrt(len(full) / len(half)):.2f})")
