@@ -76,8 +76,10 @@ def test_stream_word_times_follow_the_offline_words(live, clips):
 
 def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, clips):
     """Endgame's streamed final words (14 short lines, each timed on its live buffer) start
-    and end within 0.2 s of the reference text force-aligned on the whole clip, for >= 85 %
-    of them (measured 94 % / 93 %, evals/stream_quality.py)."""
+    within 0.2 s of the reference text force-aligned on the whole clip for >= 85 % of them,
+    and end within 0.2 s for >= 95 % (measured 93 % / 99 %): a sentence's last word, often a
+    final of its own, loses the pause after it as offline (the speaker's rate from earlier
+    finals; its own one-word median kept it, 93 % of ends)."""
     from audiofast.asr.word_timing import force_align
 
     clip = clips["endgame_nagg_nell"]
@@ -90,7 +92,7 @@ def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, cli
     assert len(pairs) >= 0.9 * len(aligned)
     starts = sum(abs(s["start"] - a.start) <= 0.2 for s, a in pairs)
     ends = sum(abs(s["end"] - a.end) <= 0.2 for s, a in pairs)
-    assert starts >= 0.85 * len(pairs) and ends >= 0.85 * len(pairs), (starts, ends, len(pairs))
+    assert starts >= 0.85 * len(pairs) and ends >= 0.95 * len(pairs), (starts, ends, len(pairs))
     with pytest.raises(ValueError, match="at most 30 s"):
         force_align(live.ct2, np.zeros(31 * 16000, np.float32), "too long")
 

@@ -10,7 +10,7 @@ import pytest
 
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Segment, Transcription, Word
-from audiofast.asr.word_timing import force_align
+from audiofast.asr.word_timing import force_align, trim_pauses
 from audiofast.asr.writers import to_json, to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.tts import synthesize
@@ -104,6 +104,20 @@ def _segment(start: float, end: float, words: list[tuple[float, float, str, floa
     timed = [Word(*w) for w in words]
     text = "".join(w.word for w in timed)
     return Segment(0, 0, start, end, text, [], -0.5, 1.2, 0.1, 0.0, timed)
+
+
+def test_pause_trimming_takes_the_speaking_rate_from_words_heard_before():
+    """A final of one sentence-ending word stretched over the pause after it: its own
+    median is itself, so alone it keeps the pause; with the speaker's earlier words (0.25 s
+    each) it ends twice their median after its start, as offline trimming would."""
+    stretched = [Word(7.25, 8.27, " resource.", 0.9)]
+    assert trim_pauses(stretched) == stretched
+    assert trim_pauses(stretched, [0.25] * 20) == [Word(7.25, 7.75, " resource.", 0.9)]
+    opening = [Word(14.0, 15.0, " That's", 0.9), Word(15.0, 15.2, " good.", 0.9)]
+    assert trim_pauses(opening, [0.25] * 20)[0] == Word(14.5, 15.0, " That's", 0.9)
+    inside = [Word(2.8, 3.0, " He", 0.9), Word(3.0, 4.0, " paused", 0.9),
+              Word(4.0, 4.2, " here.", 0.9)]  # a long word inside a sentence is kept
+    assert trim_pauses(inside, [0.25] * 20) == inside
 
 
 def test_hallucination_rule_needs_odd_words_and_a_long_silence():

@@ -65,12 +65,16 @@ def merge_punctuation(words: list[str], starts: list[float], ends: list[float],
     return out_w, out_s, out_e, out_p
 
 
-def trim_pauses(words: list[Word]) -> list[Word]:
+def trim_pauses(words: list[Word], heard: list[float] = ()) -> list[Word]:
     """A word ends where the next begins, so a pause goes to the word before it, and DTW
     often starts the word after a pause early, inside it. As openai-whisper does: words
     longer than twice the median (at most 0.7 s) lose the excess at a sentence's end (their
-    end) and at a sentence's start (their start)."""
-    durations = [w.end - w.start for w in words if w.end > w.start]
+    end) and at a sentence's start (their start).
+
+    ``heard``: durations of the speaker's earlier words, counted in the median beside
+    ``words``' own. A live final often holds one or two words, whose own median is no
+    speaking rate at all (the word the pause stretched would be its own yardstick)."""
+    durations = [*heard, *(w.end - w.start for w in words if w.end > w.start)]
     if not durations:
         return words
     longest = 2 * min(float(np.median(durations)), MAX_MEDIAN_WORD_S)

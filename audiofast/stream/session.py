@@ -18,6 +18,7 @@ Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode reque
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,7 @@ from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
 TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
+HEARD_WORDS = 200  # the speaking rate for pause trimming: this many recent final words
 
 
 class Overloaded(RuntimeError):
@@ -96,6 +98,8 @@ class StreamSession:
         # (utterance, end sample, closes the utterance, decoded ahead of its end)
         self._in_flight: tuple[Utterance, int, bool, bool] | None = None
         self._last_partial = ""
+        self._heard: deque[float] = deque(maxlen=HEARD_WORDS)  # finals' word durations
+        self._said_until = 0.0  # where the last final word ended (stream seconds)
 
     # -- input -------------------------------------------------------------------------
     def feed(self, audio: np.ndarray) -> None:
@@ -261,7 +265,7 @@ class StreamSession:
             else token_spans(tokens, tok, duration)
         probs = token_probs(tokens, tok, hyp.text_probs)
         if silent and aligned and hyp.text_probs and not utt.committed \
-                and words_anomalous(self._words(utt, tokens, spans, probs)):
+                and words_anomalous(trim_pauses(self._words(utt, tokens, spans, probs))):
             # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
             # doubts there is speech and its words look unlike speech (offline's rule).
             tokens, spans, probs = [], [], []
@@ -337,9 +341,17 @@ class StreamSession:
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        out = [{"w": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3),
-                "p": w.probability} for w in self._words(utt, tokens, spans, probs)
-               if w.word.strip()]
+        words = self._words(utt, tokens, spans, probs)
+        timed = trim_pauses(words, list(self._heard))
+        self._heard.extend(w.end - w.start for w in words if w.end > w.start)
+        out = []
+        for w in timed:
+            if w.word.strip():  # words never run back into what an earlier final said
+                begin = max(w.start, self._said_until)
+                out.append({"w": w.word.strip(), "start": round(begin, 3),
+                            "end": round(max(w.end, begin), 3), "p": w.probability})
+        if out:
+            self._said_until = out[-1]["end"]
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
         if out:  # the words' bounds: a pause trimmed from the last word is not speech
             start, end = out[0]["start"], out[-1]["end"]
@@ -349,7 +361,7 @@ class StreamSession:
     def _words(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
                probs: list[float | None]) -> list[Word]:
         """The tokens' text as timed words (stream seconds, probability = the mean of its
-        tokens'); as offline word timing does, a pause at a sentence's edge goes to no word."""
+        tokens'), untrimmed: each word runs to the next's start."""
         tok = self.tokenizer
         text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
         offset = utt.start / SAMPLE_RATE
@@ -357,9 +369,9 @@ class StreamSession:
         for group in split_words([tokens[i] for i in text_at], tok):
             words.append(text_at[k:k + len(group)])
             k += len(group)
-        return trim_pauses([Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
-                                 tok.decode([tokens[i] for i in word]),
-                                 _mean([probs[i] for i in word])) for word in words])
+        return [Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
+                     tok.decode([tokens[i] for i in word]), _mean([probs[i] for i in word]))
+                for word in words]
 
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
