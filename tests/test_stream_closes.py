@@ -187,3 +187,21 @@ def test_urgent_requests_say_how_long_their_user_has_waited(live, clips):
     assert all(options.post_roll_s <= w <= options.post_roll_s + slack
                for w in waits["close"]), waits
     assert all(w >= session.detector.options.min_silence_s for w in waits["ready"]), waits
+
+
+def test_the_prompt_holds_the_last_context_tokens_of_closed_utterances(live, clips):
+    """What closed utterances said is the next decodes' prompt, cut to ``context_tokens``;
+    0 means no prompt at all (not the whole history, as a ``[-0:]`` slice would give)."""
+    decoder = StreamDecoder(live)
+    audio = load_audio(clips["beckett"].audio)  # six short lines
+    for keep in (0, 5):
+        session = StreamSession(decoder.tokenizer, StreamOptions(context_tokens=keep))
+        prompts = []
+        for start in range(0, len(audio), 1600):
+            session.feed(audio[start:start + 1600])
+            while (request := session.next_request()) is not None:
+                prompts.append((request.context, list(session.context)))
+                session.apply(request.ready or decoder.decode([request])[0])
+        assert any(len(history) > 5 for _, history in prompts)  # several lines closed
+        for prompt, history in prompts:
+            assert prompt == (history[-keep:] if keep else []), (keep, prompt, history)

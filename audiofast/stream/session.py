@@ -181,8 +181,9 @@ class StreamSession:
         draft = utt.committed[len(prefix):] + utt.previous
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
         since = end - int(self.options.post_roll_s * SAMPLE_RATE) if closing else utt.onset
+        keep = self.options.context_tokens  # 0: no prompt (a [-0:] slice would keep all)
         return DecodeRequest(self._samples(utt.start, end),
-                             self.context[-self.options.context_tokens:],
+                             self.context[-keep:] if keep > 0 else [],
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard),
                              waited_s=(self.received - since) / SAMPLE_RATE)
