@@ -16,6 +16,8 @@ steps the model often rounds to whole seconds).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from audiofast.asr.tokenizer import WhisperTokenizer
@@ -65,7 +67,7 @@ def merge_punctuation(words: list[str], starts: list[float], ends: list[float],
     return out_w, out_s, out_e, out_p
 
 
-def trim_pauses(words: list[Word], heard: list[float] = ()) -> list[Word]:
+def trim_pauses(words: list[Word], heard: Sequence[float] = ()) -> list[Word]:
     """A word ends where the next begins, so a pause goes to the word before it, and DTW
     often starts the word after a pause early, inside it. As openai-whisper does: words
     longer than twice the median (at most 0.7 s) lose the excess at a sentence's end (their
