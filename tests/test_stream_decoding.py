@@ -74,15 +74,20 @@ def test_stream_word_times_follow_the_offline_words(live, clips):
     assert close >= 0.85 * len(pairs), [(s["w"], s["start"], o.start) for s, o in pairs]
 
 
-def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, clips):
-    """Endgame's streamed final words (14 short lines, each timed on its live buffer) start
-    within 0.2 s of the reference text force-aligned on the whole clip for >= 85 % of them,
-    and end within 0.2 s for >= 95 % (measured 93 % / 99 %): a sentence's last word, often a
-    final of its own, loses the pause after it as offline (the speaker's rate from earlier
-    finals; its own one-word median kept it, 93 % of ends)."""
+@pytest.mark.parametrize(("name", "starts_min", "ends_min"),
+                         [("endgame_nagg_nell", 0.85, 0.95), ("beckett", 0.8, 0.8)])
+def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, clips, name,
+                                                                       starts_min, ends_min):
+    """Streamed final words (each line timed on its live buffer) start and end within 0.2 s
+    of the reference text force-aligned on the whole clip. A final's last word runs into the
+    silence VAD heard after it and loses what is longer than the speaker's rate allows, as
+    offline's words do (a pause belongs to the word before it, trimmed): measured starts /
+    ends endgame 93 / 100 %, beckett 91 / 100 %. Before, a one-word final was its own
+    yardstick (endgame ends 93 %) and a line's last word stopped at its buffer's end, 0.2 s
+    after VAD's (beckett ends 45 %: its slow reading's pauses stay inside its words)."""
     from audiofast.asr.word_timing import force_align
 
-    clip = clips["endgame_nagg_nell"]
+    clip = clips[name]
     audio = load_audio(clip.audio)
     finals, _ = run_session(StreamDecoder(live), audio)
     streamed = [w for e in finals for w in e["words"]]
@@ -92,7 +97,8 @@ def test_stream_word_bounds_follow_a_forced_alignment_of_the_reference(live, cli
     assert len(pairs) >= 0.9 * len(aligned)
     starts = sum(abs(s["start"] - a.start) <= 0.2 for s, a in pairs)
     ends = sum(abs(s["end"] - a.end) <= 0.2 for s, a in pairs)
-    assert starts >= 0.85 * len(pairs) and ends >= 0.95 * len(pairs), (starts, ends, len(pairs))
+    assert starts >= starts_min * len(pairs) and ends >= ends_min * len(pairs), \
+        (starts, ends, len(pairs))
     with pytest.raises(ValueError, match="at most 30 s"):
         force_align(live.ct2, np.zeros(31 * 16000, np.float32), "too long")
 

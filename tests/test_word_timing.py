@@ -115,6 +115,8 @@ def test_pause_trimming_takes_the_speaking_rate_from_words_heard_before():
     assert trim_pauses(stretched, [0.25] * 20) == [Word(7.25, 7.75, " resource.", 0.9)]
     opening = [Word(14.0, 15.0, " That's", 0.9), Word(15.0, 15.2, " good.", 0.9)]
     assert trim_pauses(opening, [0.25] * 20)[0] == Word(14.5, 15.0, " That's", 0.9)
+    # ... unless the words go on a sentence an earlier final began
+    assert trim_pauses(opening, [0.25] * 20, opens_sentence=False)[0] == opening[0]
     inside = [Word(2.8, 3.0, " He", 0.9), Word(3.0, 4.0, " paused", 0.9),
               Word(4.0, 4.2, " here.", 0.9)]  # a long word inside a sentence is kept
     assert trim_pauses(inside, [0.25] * 20) == inside

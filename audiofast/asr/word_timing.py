@@ -67,7 +67,8 @@ def merge_punctuation(words: list[str], starts: list[float], ends: list[float],
     return out_w, out_s, out_e, out_p
 
 
-def trim_pauses(words: list[Word], heard: Sequence[float] = ()) -> list[Word]:
+def trim_pauses(words: list[Word], heard: Sequence[float] = (),
+                opens_sentence: bool = True) -> list[Word]:
     """A word ends where the next begins, so a pause goes to the word before it, and DTW
     often starts the word after a pause early, inside it. As openai-whisper does: words
     longer than twice the median (at most 0.7 s) lose the excess at a sentence's end (their
@@ -75,7 +76,9 @@ def trim_pauses(words: list[Word], heard: Sequence[float] = ()) -> list[Word]:
 
     ``heard``: durations of the speaker's earlier words, counted in the median beside
     ``words``' own. A live final often holds one or two words, whose own median is no
-    speaking rate at all (the word the pause stretched would be its own yardstick)."""
+    speaking rate at all (the word the pause stretched would be its own yardstick).
+    ``opens_sentence``: whether the first word begins a sentence (a live final may continue
+    one the previous final began)."""
     durations = [*heard, *(w.end - w.start for w in words if w.end > w.start)]
     if not durations:
         return words
@@ -86,7 +89,8 @@ def trim_pauses(words: list[Word], heard: Sequence[float] = ()) -> list[Word]:
             continue
         if w.word.rstrip().endswith(SENTENCE_END):
             out[i] = w = Word(w.start, round(w.start + longest, 3), w.word, w.probability)
-        starts_sentence = i == 0 or out[i - 1].word.rstrip().endswith(SENTENCE_END)
+        starts_sentence = opens_sentence if i == 0 \
+            else out[i - 1].word.rstrip().endswith(SENTENCE_END)
         if starts_sentence and w.end - w.start > longest:
             out[i] = Word(round(w.end - longest, 3), w.end, w.word, w.probability)
     return out

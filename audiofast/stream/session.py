@@ -26,7 +26,7 @@ import numpy as np
 from audiofast.asr.hallucination import words_anomalous
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Word
-from audiofast.asr.word_timing import split_words, trim_pauses
+from audiofast.asr.word_timing import SENTENCE_END, split_words, trim_pauses
 from audiofast.stream.agreement import (
     agreed_length,
     aligned_spans,
@@ -73,6 +73,7 @@ class Utterance:
     start: int  # stream sample of the buffer's first sample (moves when trimmed)
     onset: int  # stream sample where VAD heard speech begin
     end: int | None = None  # set when VAD hears the utterance end
+    silent_to: int = 0  # ... and where the silence VAD heard after it reached then
     committed: list[int] = field(default_factory=list)  # hypothesis prefix already emitted
     previous: list[int] = field(default_factory=list)  # the last hypothesis after that
     decoded_to: int = 0  # stream sample where the last decoded buffer ended
@@ -100,6 +101,7 @@ class StreamSession:
         self._last_partial = ""
         self._heard: deque[float] = deque(maxlen=HEARD_WORDS)  # finals' word durations
         self._said_until = 0.0  # where the last final word ended (stream seconds)
+        self._sentence_ended = True  # ... and whether it ended a sentence
 
     # -- input -------------------------------------------------------------------------
     def feed(self, audio: np.ndarray) -> None:
@@ -140,6 +142,8 @@ class StreamSession:
         elif self.utterances and self.utterances[-1].end is None:
             end = event.sample + int(self.options.post_roll_s * SAMPLE_RATE)
             self.utterances[-1].end = min(end, self.received) if not self.ending else end
+            silence = int(self.detector.options.min_silence_s * SAMPLE_RATE)
+            self.utterances[-1].silent_to = min(event.sample + silence, self.received)
 
     def _drop_old_audio(self) -> None:
         keep_from = self.received - int(self.options.pre_roll_s * SAMPLE_RATE)
@@ -284,7 +288,7 @@ class StreamSession:
                               or not starts_word(tok, tail[agreed])):
                 agreed -= 1
         events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed],
-                             probs[done:done + agreed])
+                             probs[done:done + agreed], closed)
         if agreed:
             utt.committed_end = spans[done + agreed - 1][1]
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
@@ -335,7 +339,7 @@ class StreamSession:
         return None
 
     def _final(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
-               probs: list[float | None]) -> list[dict]:
+               probs: list[float | None], closing: bool = False) -> list[dict]:
         tok = self.tokenizer
         text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
         text = tok.decode(tokens).strip()
@@ -343,8 +347,15 @@ class StreamSession:
             return []
         offset = utt.start / SAMPLE_RATE
         words = self._words(utt, tokens, spans, probs)
-        timed = trim_pauses(words, list(self._heard))
+        heard = list(self._heard)
         self._heard.extend(w.end - w.start for w in words if w.end > w.start)
+        if closing and words:  # the last word runs into the pause VAD heard, as offline's
+            last = words[-1]   # runs to the next word; trimming then cuts a long pause
+            words[-1] = Word(last.start, max(last.end, utt.silent_to / SAMPLE_RATE),
+                             last.word, last.probability)
+        timed = trim_pauses(words, heard, opens_sentence=self._sentence_ended)
+        if words:
+            self._sentence_ended = words[-1].word.rstrip().endswith(SENTENCE_END)
         out = []
         for w in timed:
             if w.word.strip():  # words never run back into what an earlier final said
