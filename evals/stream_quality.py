@@ -26,9 +26,9 @@ without the prompt), and the StreamOptions ``chunk`` (min_chunk_s), ``first``
 (early_close, 0/1), ``context`` (context_tokens).
 
 Words on time are also given for the real recordings alone (those of at most 30 s). The
-alignment of a whole clip runs a sentence's last word across the pause after it, to the next
-word's start, and starts a clip's first word at 0 s; a final's last word ends where its
-utterance's buffer does (VAD's end + 0.2 s), so most misses are those ends.
+alignment of a whole clip gives a pause to the word before it (trimmed past twice the median
+word at a sentence's edge), as live finals do with the silence VAD heard after a line, and
+starts a clip's first word at 0 s in any leading silence.
 """
 
 from __future__ import annotations
