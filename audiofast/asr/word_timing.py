@@ -67,6 +67,10 @@ def merge_punctuation(words: list[str], starts: list[float], ends: list[float],
     return out_w, out_s, out_e, out_p
 
 
+def ends_sentence(word: Word) -> bool:
+    return word.word.rstrip().endswith(SENTENCE_END)
+
+
 def trim_pauses(words: list[Word], heard: Sequence[float] = (),
                 opens_sentence: bool = True) -> list[Word]:
     """A word ends where the next begins, so a pause goes to the word before it, and DTW
@@ -87,10 +91,9 @@ def trim_pauses(words: list[Word], heard: Sequence[float] = (),
     for i, w in enumerate(out):
         if w.end - w.start <= longest:
             continue
-        if w.word.rstrip().endswith(SENTENCE_END):
+        if ends_sentence(w):
             out[i] = w = Word(w.start, round(w.start + longest, 3), w.word, w.probability)
-        starts_sentence = opens_sentence if i == 0 \
-            else out[i - 1].word.rstrip().endswith(SENTENCE_END)
+        starts_sentence = opens_sentence if i == 0 else ends_sentence(out[i - 1])
         if starts_sentence and w.end - w.start > longest:
             out[i] = Word(round(w.end - longest, 3), w.end, w.word, w.probability)
     return out

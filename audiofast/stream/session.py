@@ -18,7 +18,6 @@ Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode reque
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +25,7 @@ import numpy as np
 from audiofast.asr.hallucination import words_anomalous
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Word
-from audiofast.asr.word_timing import SENTENCE_END, split_words, trim_pauses
+from audiofast.asr.word_timing import split_words, trim_pauses
 from audiofast.stream.agreement import (
     agreed_length,
     aligned_spans,
@@ -37,10 +36,10 @@ from audiofast.stream.agreement import (
     token_spans,
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
+from audiofast.stream.final_words import FinalWords
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
 TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
-HEARD_WORDS = 200  # the speaking rate for pause trimming: this many recent final words
 
 
 class Overloaded(RuntimeError):
@@ -99,9 +98,7 @@ class StreamSession:
         # (utterance, end sample, closes the utterance, decoded ahead of its end)
         self._in_flight: tuple[Utterance, int, bool, bool] | None = None
         self._last_partial = ""
-        self._heard: deque[float] = deque(maxlen=HEARD_WORDS)  # finals' word durations
-        self._said_until = 0.0  # where the last final word ended (stream seconds)
-        self._sentence_ended = True  # ... and whether it ended a sentence
+        self._final_words = FinalWords()  # times the finals' words across the stream
 
     # -- input -------------------------------------------------------------------------
     def feed(self, audio: np.ndarray) -> None:
@@ -346,24 +343,8 @@ class StreamSession:
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        words = self._words(utt, tokens, spans, probs)
-        heard = list(self._heard)
-        self._heard.extend(w.end - w.start for w in words if w.end > w.start)
-        if closing and words:  # the last word runs into the pause VAD heard, as offline's
-            last = words[-1]   # runs to the next word; trimming then cuts a long pause
-            words[-1] = Word(last.start, max(last.end, utt.silent_to / SAMPLE_RATE),
-                             last.word, last.probability)
-        timed = trim_pauses(words, heard, opens_sentence=self._sentence_ended)
-        if words:
-            self._sentence_ended = words[-1].word.rstrip().endswith(SENTENCE_END)
-        out = []
-        for w in timed:
-            if w.word.strip():  # words never run back into what an earlier final said
-                begin = max(w.start, self._said_until)
-                out.append({"w": w.word.strip(), "start": round(begin, 3),
-                            "end": round(max(w.end, begin), 3), "p": w.probability})
-        if out:
-            self._said_until = out[-1]["end"]
+        out = self._final_words.time(self._words(utt, tokens, spans, probs),
+                                     utt.silent_to / SAMPLE_RATE if closing else None)
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
         if out:  # the words' bounds: a pause trimmed from the last word is not speech
             start, end = out[0]["start"], out[-1]["end"]
