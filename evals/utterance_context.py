@@ -59,11 +59,18 @@ def main() -> None:
     parser.add_argument("--model", default="whisper-base")
     parser.add_argument("--context", nargs="+", type=float, default=[0.0, 10.0])
     parser.add_argument("--dialogues", type=int, default=8)
+    parser.add_argument("--long-lines", type=int, default=0,
+                        help="dialogues of three-sentence lines (stream_quality.py's)")
+    parser.add_argument("--real", nargs="*", default=["endgame_nagg_nell"],
+                        help="recordings by name, 'all' for every one")
     args = parser.parse_args()
     runtime = load_model(args.model, threads=2)
     clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
-             for c in real_speech_clips() if c.name == "endgame_nagg_nell"]
+             for c in real_speech_clips() if "all" in args.real or c.name in args.real]
     clips += dialogues(args.dialogues)
+    if args.long_lines:
+        clips += dialogues(args.long_lines, lines=4, seed=1, sentences=3, words=(6, 12),
+                           name="long")
     rows = {f"context {c:g} s": [] for c in args.context} | {"whole clip": []}
     for clip in clips:
         for context in args.context:

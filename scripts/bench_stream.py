@@ -19,8 +19,8 @@ turn) at real-time pace over loopback. Reported per N:
   of decode time spent in the encoder
 
 Each ``--engines`` entry is a server of its own (``audiofast serve --engine E [--pad S]
-[--encoder X] [--min-chunk C] [--precision P] [--probe-pad S]``, spelled ``E``, ``E+padS``,
-``E+encX``, ``E+chunkC``, ``E+precP``, ``E+probeS``), run side
+[--encoder X] [--min-chunk C] [--precision P] [--probe-pad S] [--lead-in S]``, spelled ``E``,
+``E+padS``, ``E+encX``, ``E+chunkC``, ``E+precP``, ``E+probeS``, ``E+leadS``), run side
 by side in one invocation:
 ``ct2`` is the old engine (CTranslate2's generate), ``auto`` the fused int8 decoder with
 drafts. ``--baseline DIR`` also runs each engine from another checkout of audiofast (a ``git
@@ -86,12 +86,12 @@ def proc_memory_mb(pid: int) -> dict[str, float]:
 def start_server(model: str, port: int, threads: int, engine: str,
                  tree: Path | None = None) -> subprocess.Popen:
     """``engine``: ENGINE[+padSECONDS][+encENCODER][+chunkSECONDS][+precPRECISION]
-    [+probeSECONDS] (serve's --engine, --pad, --encoder, --min-chunk, --precision and
-    --probe-pad);
+    [+probeSECONDS][+leadSECONDS] (serve's --engine, --pad, --encoder, --min-chunk,
+    --precision, --probe-pad and --lead-in);
     ``tree``: run the audiofast of that checkout instead of this one."""
     name, *parts = engine.split("+")
     flags = {"pad": "--pad", "enc": "--encoder", "chunk": "--min-chunk", "prec": "--precision",
-             "probe": "--probe-pad"}
+             "probe": "--probe-pad", "lead": "--lead-in"}
     cmd = [sys.executable, "-m", "audiofast.cli", "serve", "--model", model, "--port",
            str(port), "--max-sessions", "16", "--threads", str(threads), "--engine", name,
            *(x for p in parts for key, flag in flags.items() if p.startswith(key)

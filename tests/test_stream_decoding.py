@@ -374,3 +374,16 @@ def test_the_pad_is_for_short_buffers(base):
         == [12, 14, 14, 14, 14, 16, 22]
     assert window(8.0, probe=True) == 12
     assert window(8.0, pad=30.0) == 30
+
+
+def test_a_hypothesis_after_a_commit_of_timestamps_only_keeps_its_first_word(base):
+    """Two hypotheses that agree only on their opening timestamp commit no text; a later one
+    that opens on another timestamp still has every word new (the committed-words search once
+    took its first word for the committed text and dropped it)."""
+    tok = base.tokenizer
+    session = StreamSession(tok, StreamOptions())
+    from audiofast.stream.session import Utterance
+    utt = Utterance(1, 0, 0, committed=[tok.timestamp_begin])
+    hyp = [tok.timestamp_begin + 2, *tok.encode(" Everyone is here")]
+    assert session._skip_committed(utt, hyp, False) == 1
+    assert session._skip_committed(utt, hyp, True) == 1

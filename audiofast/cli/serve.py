@@ -39,6 +39,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="do not verify the previous hypothesis as a draft (fused decoder)")
     p.add_argument("--min-chunk", type=float, default=0.5,
                    help="seconds of new audio before a session is re-decoded")
+    p.add_argument("--lead-in", type=float, default=None,
+                   help="seconds of earlier speech each line is decoded with (0: each line "
+                   "alone; default: StreamOptions.lead_in_s)")
     p.add_argument("--pad", type=float, default=10.0,
                    help="seconds of silence appended when encoding a buffer (30: full window)")
     p.add_argument("--probe-pad", type=float, default=4.0,
@@ -62,8 +65,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         check_bind(args.host, token)
     except ValueError as e:
         raise SystemExit(f"audiofast: error: {e}") from None
+    lead_in = {} if args.lead_in is None else {"lead_in_s": args.lead_in}
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
-                            stream=StreamOptions(min_chunk_s=args.min_chunk),
+                            stream=StreamOptions(min_chunk_s=args.min_chunk, **lead_in),
                             allow_origins=tuple(args.allow_origin), http_port=args.http_port)
     if args.precision and args.engine == "ct2":
         raise SystemExit("audiofast: error: --precision sets the fused decoder's weights; "

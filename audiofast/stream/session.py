@@ -37,6 +37,7 @@ from audiofast.stream.agreement import (
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.final_words import FinalWords
+from audiofast.stream.lead_in import LeadIn
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
 TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
@@ -64,6 +65,7 @@ class StreamOptions:
     logprob_threshold: float = -1.0
     context_tokens: int = 64  # earlier text passed as the <|startofprev|> prompt
     early_close: bool = True  # decode the closing buffer when the silence begins
+    lead_in_s: float = 0.0  # decode a line with this much earlier speech before it (lead_in.py)
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Utterance:
     # The closing decode done ahead (stream sample it closes on, its hypothesis); valid while
     # nothing else was applied to the utterance since.
     early: tuple[int, Hypothesis] | None = None
+    lead: int = 0  # samples of earlier audio before ``start`` every decode hears (lead_in.py)
+    lead_tokens: list[int] = field(default_factory=list)  # what the last decode said of them
 
 
 class StreamSession:
@@ -93,6 +97,7 @@ class StreamSession:
         self.received = 0
         self.utterances: list[Utterance] = []
         self.context: list[int] = []
+        self._lead_in = LeadIn(options.lead_in_s)  # what lead-ins need of the past
         self.ending = False
         self._count = 0
         # (utterance, end sample, closes the utterance, decoded ahead of its end)
@@ -135,17 +140,20 @@ class StreamSession:
             start = max(event.sample - int(self.options.pre_roll_s * SAMPLE_RATE),
                         floor or 0, self.audio_start)
             self._count += 1
-            self.utterances.append(Utterance(self._count, start, event.sample))
+            self.utterances.append(Utterance(self._count, start, event.sample,
+                                             lead=self._lead_in.lead(start, self.audio_start)))
         elif self.utterances and self.utterances[-1].end is None:
+            self._lead_in.speech_end = event.sample
             end = event.sample + int(self.options.post_roll_s * SAMPLE_RATE)
             self.utterances[-1].end = min(end, self.received) if not self.ending else end
             silence = int(self.detector.options.min_silence_s * SAMPLE_RATE)
             self.utterances[-1].silent_to = min(event.sample + silence, self.received)
 
     def _drop_old_audio(self) -> None:
-        keep_from = self.received - int(self.options.pre_roll_s * SAMPLE_RATE)
+        keep_s = max(self.options.pre_roll_s, self.options.lead_in_s)
+        keep_from = self.received - int(keep_s * SAMPLE_RATE)
         if self.utterances:
-            keep_from = min(keep_from, self.utterances[0].start)
+            keep_from = min(keep_from, self.utterances[0].start - self.utterances[0].lead)
         if keep_from > self.audio_start:
             self.audio = self.audio[keep_from - self.audio_start:]
             self.audio_start = keep_from
@@ -182,9 +190,15 @@ class StreamSession:
         draft = utt.committed[len(prefix):] + utt.previous
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
         since = end - int(self.options.post_roll_s * SAMPLE_RATE) if closing else utt.onset
+        context = self.context
+        if utt.lead:  # the prompt stops where the lead's audio begins; nothing is forced
+            context = self._lead_in.prompt(context, utt.start - utt.lead)
+            draft = utt.lead_tokens + shift_timestamps(prefix + draft, self.tokenizer,
+                                                       -utt.lead / SAMPLE_RATE)
+            prefix = []
         keep = self.options.context_tokens  # 0: no prompt (a [-0:] slice would keep all)
-        return DecodeRequest(self._samples(utt.start, end),
-                             self.context[-keep:] if keep > 0 else [],
+        return DecodeRequest(self._samples(utt.start - utt.lead, end),
+                             context[-keep:] if keep > 0 else [],
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard),
                              waited_s=(self.received - since) / SAMPLE_RATE)
@@ -263,9 +277,21 @@ class StreamSession:
         origin = utt.start / SAMPLE_RATE  # token times are relative to it (cuts move it)
         forced = closed or duration > opts.max_utterance_s
         aligned = bool(hyp.text_times) and len(tokens) > 0
-        spans = aligned_spans(tokens, tok, hyp.text_times, duration) if aligned \
-            else token_spans(tokens, tok, duration)
+        lead = utt.lead / SAMPLE_RATE
+        spans = aligned_spans(tokens, tok, hyp.text_times, duration + lead) if aligned \
+            else token_spans(tokens, tok, duration + lead)
         probs = token_probs(tokens, tok, hyp.text_probs)
+        if utt.lead:
+            speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
+            tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
+                utt.index, utt.start - utt.lead, tokens, spans, probs, lead, speech_end, tok)
+            if closed and (doubtful or utt.committed
+                           and self._skip_committed(utt, tokens, False) is None):
+                # Whisper sometimes ends before the last line of its window or before the
+                # rest of it, adds words it did not hear or drops committed ones: the line
+                # is closed on its own buffer instead.
+                utt.lead, utt.lead_tokens = 0, []
+                return []
         if silent and aligned and hyp.text_probs and not utt.committed \
                 and words_anomalous(trim_pauses(self._words(utt, tokens, spans, probs))):
             # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
@@ -290,7 +316,7 @@ class StreamSession:
             utt.committed_end = spans[done + agreed - 1][1]
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
         if closed:
-            self._retire(utt.committed)
+            self._retire(utt.committed, end)
             self.utterances.remove(utt)
             return events + self._partial("", utt, 0.0)
         if forced:
@@ -322,6 +348,8 @@ class StreamSession:
                  for i, j in zip(starts, stops, strict=True)]
         done = [_norm(w) for w in self.tokenizer.decode(committed).split()]
         n = len(done)
+        if n == 0:  # only timestamps were committed: every word is new
+            return starts[0] if starts else len(tokens)
         for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)):
             tail = min(3, n, k)
             if k <= len(words) and words[k - tail:k] == done[n - tail:]:
@@ -345,6 +373,7 @@ class StreamSession:
         offset = utt.start / SAMPLE_RATE
         out = self._final_words.time(self._words(utt, tokens, spans, probs),
                                      utt.silent_to / SAMPLE_RATE if closing else None)
+        self._lead_in.said(utt.index, out)
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
         if out:  # the words' bounds: a pause trimmed from the last word is not speech
             start, end = out[0]["start"], out[-1]["end"]
@@ -369,15 +398,18 @@ class StreamSession:
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
         are done with and become prompt context."""
-        self._retire(utt.committed[:keep_from])
+        self._retire(utt.committed[:keep_from], utt.start + int(round(seconds * SAMPLE_RATE)))
         utt.committed = shift_timestamps(utt.committed[keep_from:], self.tokenizer, seconds)
         utt.previous = shift_timestamps(utt.previous, self.tokenizer, seconds)
         utt.committed_end = max(0.0, utt.committed_end - seconds)
         utt.start += int(round(seconds * SAMPLE_RATE))
+        utt.lead, utt.lead_tokens = 0, []  # the buffer now starts inside the utterance
 
-    def _retire(self, tokens: list[int]) -> None:
-        """Committed text leaving the buffer becomes prompt context (never text still in
-        the buffer: the prompt would then make Whisper repeat it)."""
+    def _retire(self, tokens: list[int], until: int) -> None:
+        """Committed text leaving the buffer (its audio ends at stream sample ``until``)
+        becomes prompt context (never text still in the buffer: the prompt would then make
+        Whisper repeat it)."""
+        self._lead_in.retire(len(self.context), until)
         self.context += [t for t in tokens if t < self.tokenizer.eot]
 
     def _partial(self, text: str, utt: Utterance, start: float) -> list[dict]:

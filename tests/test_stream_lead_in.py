@@ -1,0 +1,149 @@
+"""Lead-in (stream/lead_in.py): a line decoded with the speech before it, the lead's words cut
+off by their aligned times, the prompt stopping where the lead's audio begins."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audiofast.stream.decoder import Hypothesis
+from audiofast.stream.lead_in import LeadIn, drop_lead, lead_split, unheard_tail
+from audiofast.stream.session import StreamOptions, StreamSession
+from audiofast.stream.vad import SpeechDetector
+
+
+def timed(tok, pieces: list[tuple[str, float, float]]) -> tuple[list[int], list]:
+    """Tokens and spans of text pieces (each piece one token, checked) or timestamps (``<t>``)."""
+    tokens, spans = [], []
+    for text, start, end in pieces:
+        if text == "<t>":
+            tokens.append(tok.timestamp_begin + round(start / 0.02))
+        else:
+            ids = tok.encode(text)
+            assert len(ids) == 1, (text, ids)
+            tokens.append(ids[0])
+        spans.append((start, end))
+    return tokens, spans
+
+
+def test_a_line_starts_at_its_first_word_spoken_past_the_lead(base):
+    """Alignment stretches a line's first word back over the pause before it (its middle in
+    the lead) and the lead's last punctuation over the pause after it: the split follows
+    where the spoken part of each word ends, and keeps a segment's opening timestamp."""
+    tok = base.tokenizer
+    tokens, spans = timed(tok, [("<t>", 0.0, 0.0), (" Ever", 0.0, 0.4), (" said", 0.4, 0.9),
+                                (".", 0.9, 2.1), (" What", 0.9, 2.4), (" now", 2.4, 2.7),
+                                ("?", 2.7, 2.8)])
+    assert lead_split(tokens, spans, 2.0, tok) == 4  # "What": middle 1.65 s, ends 2.4 s
+    assert lead_split(tokens, spans, 2.5, tok) == 5  # "What" ends before 2.5 + 0.1 s
+    assert lead_split(tokens, spans, 3.0, tok) == len(tokens)  # nothing of the line heard
+    # ... unless earlier finals said the lead's words: the line starts after them.
+    assert lead_split(tokens, spans, 2.5, tok, ["No.", "Ever", "said."]) == 4
+    assert lead_split(tokens, spans, 3.0, tok, ["Ever", "said."]) == 4
+    # A line that repeats the lead's words: the lead's are the first ones.
+    again, again_spans = timed(tok, [(" Ever", 0.0, 0.4), (" said", 0.4, 0.9), (".", 0.9, 2.0),
+                                     (" Ever", 2.2, 2.6), (" said", 2.6, 3.0)])
+    assert lead_split(again, again_spans, 2.0, tok, ["Ever", "said."]) == 3
+    # A hypothesis that skipped the line, its lead's words aligned over the line's audio.
+    skipped, skipped_spans = timed(tok, [(" Ever", 0.0, 1.2), (" said", 1.2, 3.0)])
+    assert lead_split(skipped, skipped_spans, 2.0, tok, ["Ever", "said."]) == 2
+    with_segment, seg_spans = timed(tok, [("<t>", 0.0, 0.0), (" Ever", 0.0, 0.4),
+                                          ("<t>", 0.9, 0.9), ("<t>", 2.1, 2.1),
+                                          (" What", 2.1, 2.4)])
+    assert lead_split(with_segment, seg_spans, 2.0, tok) == 3  # from <|2.10|>
+
+
+def test_drop_lead_gives_the_line_in_its_own_buffers_time(base):
+    tok = base.tokenizer
+    tokens, spans = timed(tok, [("<t>", 0.0, 0.0), (" Ever", 0.0, 0.4), (".", 0.4, 1.0),
+                                (" What", 1.9, 2.4), (" now", 2.4, 2.7), ("<t>", 2.8, 2.8)])
+    probs = [None, 0.9, 0.8, 0.7, 0.6, None]
+    own, own_spans, own_probs, lead = drop_lead(tokens, spans, probs, 2.0, tok)
+    assert lead == tokens[:3]
+    assert tok.decode([t for t in own if t < tok.eot]) == " What now"
+    # The cut fell inside a segment: <|0.00|> opens the line; the closing timestamp moved.
+    assert own[0] == tok.timestamp_begin and own[-1] == tok.timestamp_begin + 40
+    assert np.allclose(own_spans[1:3], [(0.0, 0.4), (0.4, 0.7)])
+    assert own_probs == [None, 0.7, 0.6, None]
+
+
+def test_the_prompt_stops_where_the_leads_audio_begins():
+    lead_in = LeadIn(3.0)
+    for before, end in [(0, 16000), (5, 48000), (9, 80000)]:  # three lines' text, audio ends
+        lead_in.retire(before, end)
+    context = list(range(14))
+    assert lead_in.prompt(context, 60000) == context[:9]  # the lead holds the third line
+    assert lead_in.prompt(context, 30000) == context[:5]  # ... the second and third
+    assert lead_in.prompt(context, 90000) == context  # all of it is before the lead
+
+
+def two_lines(tok, stops_early: bool = False) -> tuple[list[tuple], list[str]]:
+    """Two lines (speech at 0.32-2.24 s and 3.52-5.44 s) through a session with a 3 s lead-in,
+    each decode answered with a made-up hypothesis: the first line's text, and for the second
+    the lead's words then its own (``stops_early``: a lead decode's close says only the
+    lead's). Each sample's value is its index, so a request's audio tells where it starts.
+    Returns (utterance, lead, request audio start - expected, context, prefix) per request,
+    and the finals."""
+    chunks = iter(range(10**6))
+    detector = SpeechDetector(model=lambda chunk: float(
+        10 <= (i := next(chunks)) < 70 or 110 <= i < 170))  # 32 ms chunks
+    session = StreamSession(tok, StreamOptions(lead_in_s=3.0), detector)
+    ts = tok.timestamp_begin
+    seen, finals = [], []
+    for frame in range(70):  # 7 s in 0.1 s frames
+        session.feed((np.arange(frame * 1600, (frame + 1) * 1600) * 1e-6).astype(np.float32))
+        request = session.next_request()
+        if request is None:
+            continue
+        utt = session.utterances[0]
+        seen.append((utt.index, utt.lead, request.audio[0] * 1e6 - (utt.start - utt.lead),
+                     request.context, request.prefix))
+        lead = round(utt.lead / 16000 / 0.02)
+        if utt.index == 1 or not lead:  # a line alone
+            text = " Ever tried." if utt.index == 1 else " Ever failed."
+            tokens = [ts, *tok.encode(text), ts + 90]
+        elif stops_early and len(request.audio) > 2.1 * 16000 + utt.lead:  # the closes
+            tokens = [ts, *tok.encode(" Ever tried."), ts + lead - 25]
+        else:
+            tokens = [ts, *tok.encode(" Ever tried."), ts + lead - 25, ts + lead + 15,
+                      *tok.encode(" Ever failed."), ts + lead + 110]
+        finals += [e["text"] for e in session.apply(request.ready or Hypothesis(
+            tokens, 0.01, -0.1, False)) if e["type"] == "final"]
+    return seen, finals
+
+
+def test_a_line_after_an_earlier_one_is_decoded_with_its_audio_and_no_prompt_of_it(base):
+    """With ``lead_in_s``, the second utterance's requests hold the audio from up to that
+    much earlier (whole 20 ms steps), the prompt leaves out the text of the first (its audio
+    is in the lead), nothing is forced, and the first line's words are not finals twice."""
+    seen, finals = two_lines(base.tokenizer)
+    second = [entry for entry in seen if entry[0] == 2]
+    assert second and all(lead > 0 and lead % 320 == 0 for _, lead, *_ in second), seen
+    assert all(abs(head) < 0.5 for _, _, head, *_ in second), seen  # audio from the lead
+    assert all(context == [] and prefix == [] for *_, context, prefix in second), second
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_a_close_that_stops_before_its_line_is_decoded_again_alone(base):
+    """Behind a lead Whisper sometimes ends its transcript before the line's last words: such
+    a close is not applied; the line is closed on its own buffer (no lead, its prompt)."""
+    seen, finals = two_lines(base.tokenizer, stops_early=True)
+    second = [entry for entry in seen if entry[0] == 2]
+    assert second[-1][1] == 0 and abs(second[-1][2]) < 0.5, second  # the last: alone
+    assert second[-1][3] != [], second  # ... with the first line's text as its prompt
+    assert any(lead > 0 for _, lead, *_ in second[:-1]), second
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_words_the_alignment_gives_no_time_are_an_unheard_tail(base):
+    """Two or more last words squeezed into no time (a line repeated after the speech) are
+    cut; one such word (speech cut at the buffer's end) or squeezed words before heard ones
+    are not."""
+    tok = base.tokenizer
+    tokens, spans = timed(tok, [(" What", 0.0, 0.3), (" now", 0.3, 0.6), ("?", 0.6, 0.8),
+                                (" What", 0.8, 0.8), (" now", 0.8, 0.8), ("?", 0.8, 0.8)])
+    assert unheard_tail(tokens, spans, tok) == 3
+    assert unheard_tail(tokens[:5], spans[:5], tok) == 3
+    assert unheard_tail(tokens[:4], spans[:4], tok) == 4  # one squeezed word: kept
+    heard_after = spans[:3] + [(0.8, 0.8), (0.8, 1.2), (1.2, 1.3)]
+    assert unheard_tail(tokens, heard_after, tok) == len(tokens)
+    assert unheard_tail([], [], tok) == 0
