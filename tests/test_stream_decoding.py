@@ -12,6 +12,7 @@ import pytest
 from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer, word_pairs
+from audiofast.stream.agreement import skip_committed
 from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions, StreamSession
@@ -381,9 +382,6 @@ def test_a_hypothesis_after_a_commit_of_timestamps_only_keeps_its_first_word(bas
     that opens on another timestamp still has every word new (the committed-words search once
     took its first word for the committed text and dropped it)."""
     tok = base.tokenizer
-    session = StreamSession(tok, StreamOptions())
-    from audiofast.stream.session import Utterance
-    utt = Utterance(1, 0, 0, committed=[tok.timestamp_begin])
     hyp = [tok.timestamp_begin + 2, *tok.encode(" Everyone is here")]
-    assert session._skip_committed(utt, hyp, False) == 1
-    assert session._skip_committed(utt, hyp, True) == 1
+    assert skip_committed([tok.timestamp_begin], 0.0, hyp, tok, False) == 1
+    assert skip_committed([tok.timestamp_begin], 0.0, hyp, tok, True) == 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 
+TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
+
 
 def agreed_length(previous: list[int], current: list[int], start: int,
                   tokenizer: WhisperTokenizer) -> int:
@@ -106,3 +108,52 @@ def token_probs(tokens: list[int], tokenizer: WhisperTokenizer,
         for i, p in zip(text_at, text_probs, strict=False):
             probs[i] = p
     return probs
+
+
+def norm_word(word: str) -> str:
+    """A word as the session matches it against earlier text: lower case, letters and digits."""
+    return "".join(c for c in word.lower() if c.isalnum())
+
+
+def after_words(words: list[str], done: list[str]) -> int | None:
+    """Index of the word after a hypothesis's copy of the last (up to) three of the words
+    ``done`` (both normalised, :func:`norm_word`), searched near ``len(done)``: Whisper may
+    have reworded, merged or split a few of the earlier ones. None if they are not there."""
+    n = len(done)
+    for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)) if n else []:
+        tail = min(3, n, k)
+        if k <= len(words) and words[k - tail:k] == done[n - tail:]:
+            return k
+    return None
+
+
+def skip_committed(committed: list[int], committed_end: float, tokens: list[int],
+                   tokenizer: WhisperTokenizer, force: bool,
+                   spans: list[tuple[float, float]] | None = None) -> int | None:
+    """Where the uncommitted part of a new hypothesis begins. Usually the committed tokens
+    are its prefix; if Whisper reworded them, align on the last committed words
+    (:func:`after_words`). None: the hypothesis lost them (short windows sometimes drop a
+    whole phrase, e.g. one the prompt already holds), so it cannot be trusted -- unless
+    ``force`` (the utterance is closing and this is the only hypothesis of all its audio):
+    then skip the words that end before the committed text did (``committed_end``, seconds;
+    ``spans``: the hypothesis's aligned token times; a word's end, not its start: alignment
+    stretches the first word over audio whose words the text lost), or without times as
+    many words as were committed."""
+    if tokens[: len(committed)] == committed:
+        return len(committed)
+    starts = [i for i, t in enumerate(tokens) if t < tokenizer.eot and starts_word(tokenizer, t)]
+    stops = [*starts[1:], len(tokens)] if starts else []  # where each word ends
+    words = [norm_word(tokenizer.decode(tokens[i:j])) for i, j in zip(starts, stops, strict=True)]
+    done = [norm_word(w) for w in tokenizer.decode(committed).split()]
+    if not done:  # only timestamps were committed: every word is new
+        return starts[0] if starts else len(tokens)
+    k = after_words(words, done)
+    if k is not None:
+        return starts[k] if k < len(starts) else len(tokens)
+    if force and spans is not None:  # a word ending after the committed text is new
+        ends = [spans[j - 1][1] for j in stops]
+        after = [i for i, e in zip(starts, ends, strict=True) if e > committed_end + TIME_SLACK_S]
+        return after[0] if after else len(tokens)
+    if force:
+        return starts[len(done)] if len(done) < len(starts) else len(tokens)
+    return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 
 from audiofast.asr.tokenizer import WhisperTokenizer
-from audiofast.stream.agreement import shift_timestamps, starts_word
+from audiofast.stream.agreement import after_words, norm_word, shift_timestamps, starts_word
 from audiofast.stream.vad import SAMPLE_RATE
 
 STEP = 320  # samples per timestamp step (20 ms): a lead of whole steps shifts tokens exactly
@@ -88,13 +88,8 @@ def lead_split(tokens: list[int], spans: list[tuple[float, float]], lead_s: floa
     words = _words(tokens, spans, tokenizer)
     split = next((w for w, word in enumerate(words) if word[2] > lead_s + SPLIT_SLACK_S),
                  len(words))
-    done = [_norm(w) for w in known or []]
-    n = len(done)
-    for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)) if n else []:
-        tail = min(3, n, k)
-        if k <= len(words) and [w[3] for w in words[k - tail:k]] == done[n - tail:]:
-            split = k
-            break
+    after = after_words([w[3] for w in words], [norm_word(w) for w in known or []])
+    split = split if after is None else after
     if split == len(words):
         return len(tokens)
     i = words[split][0]
@@ -115,7 +110,8 @@ def _words(tokens: list[int], spans: list[tuple[float, float]], tokenizer: Whisp
             j += 1
         spoken = [k for k in range(i, j) if k == i
                   or any(c.isalnum() for c in tokenizer.decode([tokens[k]]))]
-        words.append((i, spans[i][0], spans[spoken[-1]][1], _norm(tokenizer.decode(tokens[i:j]))))
+        text = norm_word(tokenizer.decode(tokens[i:j]))
+        words.append((i, spans[i][0], spans[spoken[-1]][1], text))
     return words
 
 
@@ -130,9 +126,6 @@ def unheard_tail(tokens: list[int], spans: list[tuple[float, float]],
         n -= 1
     return words[n][0] if len(words) - n >= 2 else len(tokens)
 
-
-def _norm(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
 
 
 def drop_lead(tokens: list[int], spans: list[tuple[float, float]], probs: list[float | None],

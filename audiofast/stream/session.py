@@ -31,6 +31,7 @@ from audiofast.stream.agreement import (
     aligned_spans,
     last_segment_end,
     shift_timestamps,
+    skip_committed,
     starts_word,
     token_probs,
     token_spans,
@@ -39,8 +40,6 @@ from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.final_words import FinalWords
 from audiofast.stream.lead_in import LeadIn
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
-
-TIME_SLACK_S = 0.1  # a word must end this much after the committed text to be new
 
 
 class Overloaded(RuntimeError):
@@ -285,8 +284,9 @@ class StreamSession:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
             tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
                 utt.index, utt.start - utt.lead, tokens, spans, probs, lead, speech_end, tok)
-            if closed and (doubtful or utt.committed
-                           and self._skip_committed(utt, tokens, False) is None):
+            lost = utt.committed and skip_committed(utt.committed, utt.committed_end, tokens,
+                                                    tok, False) is None
+            if closed and (doubtful or lost):
                 # Whisper sometimes ends before the last line of its window or before the
                 # rest of it, adds words it did not hear or drops committed ones: the line
                 # is closed on its own buffer instead.
@@ -297,7 +297,8 @@ class StreamSession:
             # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
             # doubts there is speech and its words look unlike speech (offline's rule).
             tokens, spans, probs = [], [], []
-        done = self._skip_committed(utt, tokens, forced, spans if aligned else None)
+        done = skip_committed(utt.committed, utt.committed_end, tokens, tok, forced,
+                              spans if aligned else None)
         if done is None:
             utt.decoded_to = end
             return []
@@ -326,42 +327,6 @@ class StreamSession:
         rest = tail[agreed:]
         start = spans[done + agreed][0] if rest else duration
         return events + self._partial(tok.decode(rest).strip(), utt, origin + start)
-
-    def _skip_committed(self, utt: Utterance, tokens: list[int], force: bool,
-                        spans: list[tuple[float, float]] | None = None) -> int | None:
-        """Where the uncommitted part of a new hypothesis begins. Usually the committed
-        tokens are its prefix; if Whisper reworded them, align on the last committed words
-        (searched near the committed word count). None: the hypothesis lost them (short
-        windows sometimes drop a whole phrase, e.g. one the prompt already holds), so it
-        cannot be trusted -- unless ``force`` (the utterance is closing and this is the only
-        hypothesis of all its audio): then skip the words that end before the committed text
-        did (``spans``: the hypothesis's aligned token times; a word's end, not its start:
-        alignment stretches the first word over audio whose words the text lost), or without
-        times as many words as were committed."""
-        committed = utt.committed
-        if tokens[: len(committed)] == committed:
-            return len(committed)
-        starts = [i for i, t in enumerate(tokens) if t < self.tokenizer.eot
-                  and starts_word(self.tokenizer, t)]
-        stops = [*starts[1:], len(tokens)] if starts else []  # where each word ends
-        words = [_norm(self.tokenizer.decode(tokens[i:j]))
-                 for i, j in zip(starts, stops, strict=True)]
-        done = [_norm(w) for w in self.tokenizer.decode(committed).split()]
-        n = len(done)
-        if n == 0:  # only timestamps were committed: every word is new
-            return starts[0] if starts else len(tokens)
-        for k in sorted(range(max(1, n - 3), n + 4), key=lambda k: abs(k - n)):
-            tail = min(3, n, k)
-            if k <= len(words) and words[k - tail:k] == done[n - tail:]:
-                return starts[k] if k < len(starts) else len(tokens)
-        if force and spans is not None:  # a word ending after the committed text is new
-            ends = [spans[j - 1][1] for j in stops]
-            after = [i for i, e in zip(starts, ends, strict=True)
-                     if e > utt.committed_end + TIME_SLACK_S]
-            return after[0] if after else len(tokens)
-        if force:
-            return starts[n] if n < len(starts) else len(tokens)
-        return None
 
     def _final(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
                probs: list[float | None], closing: bool = False) -> list[dict]:
@@ -423,7 +388,3 @@ class StreamSession:
 def _mean(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(sum(known) / len(known), 4) if known else None
-
-
-def _norm(word: str) -> str:
-    return "".join(c for c in word.lower() if c.isalnum())
