@@ -127,7 +127,6 @@ def unheard_tail(tokens: list[int], spans: list[tuple[float, float]],
     return words[n][0] if len(words) - n >= 2 else len(tokens)
 
 
-
 def drop_lead(tokens: list[int], spans: list[tuple[float, float]], probs: list[float | None],
               lead_s: float, tokenizer: WhisperTokenizer, known: list[str] | None = None
               ) -> tuple[list[int], list[tuple[float, float]], list[float | None], list[int]]:
