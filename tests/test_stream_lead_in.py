@@ -81,8 +81,8 @@ def two_lines(tok, stops_early: bool = False) -> tuple[list[tuple], list[str]]:
     each decode answered with a made-up hypothesis: the first line's text, and for the second
     the lead's words then its own (``stops_early``: a lead decode's close says only the
     lead's). Each sample's value is its index, so a request's audio tells where it starts.
-    Returns (utterance, lead, request audio start - expected, context, prefix) per request,
-    and the finals."""
+    Returns (utterance, lead, request audio start - expected, context, prefix, answered by
+    the close decoded ahead) per request, and the finals."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
         10 <= (i := next(chunks)) < 70 or 110 <= i < 170))  # 32 ms chunks
@@ -96,7 +96,7 @@ def two_lines(tok, stops_early: bool = False) -> tuple[list[tuple], list[str]]:
             continue
         utt = session.utterances[0]
         seen.append((utt.index, utt.lead, request.audio[0] * 1e6 - (utt.start - utt.lead),
-                     request.context, request.prefix))
+                     request.context, request.prefix, request.ready is not None))
         lead = round(utt.lead / 16000 / 0.02)
         if utt.index == 1 or not lead:  # a line alone
             text = " Ever tried." if utt.index == 1 else " Ever failed."
@@ -119,17 +119,19 @@ def test_a_line_after_an_earlier_one_is_decoded_with_its_audio_and_no_prompt_of_
     second = [entry for entry in seen if entry[0] == 2]
     assert second and all(lead > 0 and lead % 320 == 0 for _, lead, *_ in second), seen
     assert all(abs(head) < 0.5 for _, _, head, *_ in second), seen  # audio from the lead
-    assert all(context == [] and prefix == [] for *_, context, prefix in second), second
+    assert all(context == [] and prefix == [] for *_, context, prefix, _ in second), second
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
 def test_a_close_that_stops_before_its_line_is_decoded_again_alone(base):
     """Behind a lead Whisper sometimes ends its transcript before the line's last words: such
-    a close is not applied; the line is closed on its own buffer (no lead, its prompt)."""
+    a close is not applied; the line is closed on its own buffer (no lead, its prompt), and
+    when that was found on the close decoded ahead, the alone-close is decoded ahead too."""
     seen, finals = two_lines(base.tokenizer, stops_early=True)
     second = [entry for entry in seen if entry[0] == 2]
     assert second[-1][1] == 0 and abs(second[-1][2]) < 0.5, second  # the last: alone
     assert second[-1][3] != [], second  # ... with the first line's text as its prompt
+    assert second[-1][5], second  # ... answered by the alone-close decoded ahead
     assert any(lead > 0 for _, lead, *_ in second[:-1]), second
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 

@@ -263,10 +263,11 @@ class StreamSession:
         assert self._in_flight is not None, "apply() without a request"
         utt, end, closed, early = self._in_flight
         self._in_flight = None
-        if early:  # kept for the close; later audio is decoded from here on
+        if early and not utt.lead:  # kept for the close; later audio is decoded from here on
             utt.early, utt.decoded_to = (end, hyp), end
             return []
-        utt.early = None
+        if not early:
+            utt.early = None
         opts, tok = self.options, self.tokenizer
         tokens = hyp.tokens
         silent = hyp.no_speech_prob > opts.no_speech_threshold
@@ -286,11 +287,14 @@ class StreamSession:
                 utt.index, utt.start - utt.lead, tokens, spans, probs, lead, speech_end, tok)
             lost = utt.committed and skip_committed(utt.committed, utt.committed_end, tokens,
                                                     tok, False) is None
-            if closed and (doubtful or lost):
+            if (closed or early) and (doubtful or lost):
                 # Whisper sometimes ends before the last line of its window or before the
                 # rest of it, adds words it did not hear or drops committed ones: the line
-                # is closed on its own buffer instead.
+                # is closed on its own buffer instead (found ahead, it is decoded ahead).
                 utt.lead, utt.lead_tokens = 0, []
+                return []
+            if early:
+                utt.early, utt.decoded_to = (end, hyp), end
                 return []
         if silent and aligned and hyp.text_probs and not utt.committed \
                 and words_anomalous(trim_pauses(self._words(utt, tokens, spans, probs))):
