@@ -285,9 +285,8 @@ class StreamSession:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
             tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
                 utt.index, utt.start - utt.lead, tokens, spans, probs, lead, speech_end, tok)
-            lost = utt.committed and skip_committed(utt.committed, utt.committed_end, tokens,
-                                                    tok, False) is None
-            if (closed or early) and (doubtful or lost):
+            if (closed or early) and (doubtful or utt.committed and skip_committed(
+                    utt.committed, utt.committed_end, tokens, tok, False) is None):
                 # Whisper sometimes ends before the last line of its window or before the
                 # rest of it, adds words it did not hear or drops committed ones: the line
                 # is closed on its own buffer instead (found ahead, it is decoded ahead).
