@@ -149,13 +149,14 @@ def test_postgres_two_workers_one_sigkilled(tmp_path):
             assert pid != proc.pid
             os.kill(pid, signal.SIGSTOP)
             trials = _trials(pg.url, "smoke")
-            running = [t for t in trials if t.state.name == "RUNNING"
+            # ... with its parameters drawn (frozen before that, its retry has none to copy)
+            running = [t for t in trials if t.state.name == "RUNNING" and t.params
                        and t.user_attrs.get("worker", "").endswith(f":{pid}")]
             if running:
                 killed, done = running[0], [t for t in trials if t.state.name == "COMPLETE"]
                 os.kill(pid, signal.SIGKILL)
                 break
-            os.kill(pid, signal.SIGCONT)  # it was between trials: let it go on, look again
+            os.kill(pid, signal.SIGCONT)  # between trials or draws: let it go on, look again
         assert killed is not None, "no worker was caught mid-trial"
         proc.wait(timeout=400)
         out = err = log.read_text()
