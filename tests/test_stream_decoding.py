@@ -237,6 +237,10 @@ def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
     assert decoder.stats["prompt_retry"] == 1 and decoder.stats["full_window"] == 0
     assert not hyp.full_window and "tried" in tok.decode(hyp.tokens).lower()
     assert tok.decode(hyp.tokens).lower().count("tried") == 1
+    # A request that asks for no retry (a line behind a lead-in) gets the loop back, marked.
+    request.retry_loops = False
+    marked = decoder._unloop(request, looped)
+    assert marked.looped and marked.tokens == looped.tokens and decoder.stats["prompt_retry"] == 1
     with pytest.raises(ValueError, match="loop_retry"):
         StreamDecoder(live, loop_retry="beam")
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from audiofast.stream.decoder import Hypothesis
-from audiofast.stream.lead_in import LeadIn, drop_lead, lead_split, unheard_tail
+from audiofast.stream.lead_in import (
+    MAX_LEAD_BUFFER_S,
+    LeadIn,
+    drop_lead,
+    lead_split,
+    unheard_tail,
+)
 from audiofast.stream.session import StreamOptions, StreamSession
 from audiofast.stream.vad import SpeechDetector
 
@@ -76,28 +82,32 @@ def test_the_prompt_stops_where_the_leads_audio_begins():
     assert lead_in.prompt(context, 90000) == context  # all of it is before the lead
 
 
-def two_lines(tok, stops_early: bool = False) -> tuple[list[tuple], list[str]]:
-    """Two lines (speech at 0.32-2.24 s and 3.52-5.44 s) through a session with a 3 s lead-in,
-    each decode answered with a made-up hypothesis: the first line's text, and for the second
-    the lead's words then its own (``stops_early``: a lead decode's close says only the
-    lead's). Each sample's value is its index, so a request's audio tells where it starts.
-    Returns (utterance, lead, request audio start - expected, context, prefix, answered by
-    the close decoded ahead) per request, and the finals."""
+def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: bool = False
+              ) -> tuple[list[tuple], list[str]]:
+    """Two lines (speech at 0.32-2.24 s and from 3.52 s for ``second_s``) through a session
+    with a 3 s lead-in, each decode answered with a made-up hypothesis: the first line's
+    text, and for the second the lead's words then its own (``stops_early``: a lead decode's
+    close says only the lead's; ``loops``: a lead decode's hypothesis comes back marked
+    ``looped``, as the decoder returns one that repeats itself). Each sample's value is its index, so a request's audio tells
+    where it starts. Returns (utterance, the request's lead in samples, whether it is a probe,
+    context, prefix, answered by the close decoded ahead, audio samples) per request, and the
+    finals."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
-        10 <= (i := next(chunks)) < 70 or 110 <= i < 170))  # 32 ms chunks
+        10 <= (i := next(chunks)) < 70 or 110 <= i < 110 + second_s / 0.032))  # 32 ms chunks
     session = StreamSession(tok, StreamOptions(lead_in_s=3.0), detector)
     ts = tok.timestamp_begin
     seen, finals = [], []
-    for frame in range(70):  # 7 s in 0.1 s frames
+    for frame in range(int(10 * (5 + second_s))):  # in 0.1 s frames
         session.feed((np.arange(frame * 1600, (frame + 1) * 1600) * 1e-6).astype(np.float32))
         request = session.next_request()
         if request is None:
             continue
         utt = session.utterances[0]
-        seen.append((utt.index, utt.lead, request.audio[0] * 1e6 - (utt.start - utt.lead),
-                     request.context, request.prefix, request.ready is not None))
-        lead = round(utt.lead / 16000 / 0.02)
+        lead_samples = utt.start - round(request.audio[0] * 1e6)  # where its audio starts
+        seen.append((utt.index, lead_samples, request.probe, request.context, request.prefix,
+                     request.ready is not None, len(request.audio)))
+        lead = round(lead_samples / 16000 / 0.02)
         if utt.index == 1 or not lead:  # a line alone
             text = " Ever tried." if utt.index == 1 else " Ever failed."
             tokens = [ts, *tok.encode(text), ts + 90]
@@ -107,19 +117,22 @@ def two_lines(tok, stops_early: bool = False) -> tuple[list[tuple], list[str]]:
             tokens = [ts, *tok.encode(" Ever tried."), ts + lead - 25, ts + lead + 15,
                       *tok.encode(" Ever failed."), ts + lead + 110]
         finals += [e["text"] for e in session.apply(request.ready or Hypothesis(
-            tokens, 0.01, -0.1, False)) if e["type"] == "final"]
+            tokens, 0.01, -0.1, False, looped=loops and lead > 0)) if e["type"] == "final"]
     return seen, finals
 
 
 def test_a_line_after_an_earlier_one_is_decoded_with_its_audio_and_no_prompt_of_it(base):
     """With ``lead_in_s``, the second utterance's requests hold the audio from up to that
     much earlier (whole 20 ms steps), the prompt leaves out the text of the first (its audio
-    is in the lead), nothing is forced, and the first line's words are not finals twice."""
+    is in the lead), nothing is forced, and the first line's words are not finals twice.
+    Probes for the line's first words (shown, never committed) hear no lead."""
     seen, finals = two_lines(base.tokenizer)
-    second = [entry for entry in seen if entry[0] == 2]
+    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
     assert second and all(lead > 0 and lead % 320 == 0 for _, lead, *_ in second), seen
-    assert all(abs(head) < 0.5 for _, _, head, *_ in second), seen  # audio from the lead
-    assert all(context == [] and prefix == [] for *_, context, prefix, _ in second), second
+    assert len({lead for _, lead, *_ in second}) == 1, second  # one lead for the line
+    assert all(context == [] and prefix == [] for *_, context, prefix, _, _ in second), second
+    probes = [entry for entry in seen if entry[0] == 2 and entry[2]]
+    assert probes and all(lead == 0 and context for _, lead, _, context, *_ in probes), seen
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
@@ -129,10 +142,36 @@ def test_a_close_that_stops_before_its_line_is_decoded_again_alone(base):
     when that was found on the close decoded ahead, the alone-close is decoded ahead too."""
     seen, finals = two_lines(base.tokenizer, stops_early=True)
     second = [entry for entry in seen if entry[0] == 2]
-    assert second[-1][1] == 0 and abs(second[-1][2]) < 0.5, second  # the last: alone
+    assert second[-1][1] == 0, second  # the last: alone
     assert second[-1][3] != [], second  # ... with the first line's text as its prompt
     assert second[-1][5], second  # ... answered by the alone-close decoded ahead
     assert any(lead > 0 for _, lead, *_ in second[:-1]), second
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_a_long_line_is_decoded_alone_once_lead_and_line_outgrow_a_short_window(base):
+    """A lead is for short lines: once lead + line would pass ``MAX_LEAD_BUFFER_S`` (a
+    longer encoder window for every decode), the line drops its lead for good and goes on
+    alone, its committed words forced as without a lead."""
+    seen, finals = two_lines(base.tokenizer, second_s=9.6)  # no cut before its close
+    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
+    leads = [lead for _, lead, *_ in second]
+    assert leads[0] > 0 and 0 in leads, second
+    alone = leads.index(0)
+    assert all(leads[:alone]) and not any(leads[alone:]), leads
+    assert all(n <= MAX_LEAD_BUFFER_S * 16000 for *_, n in second[:alone]), second
+    assert second[alone][-1] + leads[0] > MAX_LEAD_BUFFER_S * 16000, second[alone]
+    assert any(prefix for *_, prefix, _, _ in second[alone:]), second  # committed: forced
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_a_line_whose_lead_decode_loops_is_decoded_alone(base):
+    """A hypothesis that repeats itself behind a lead is not retried (without the prompt, then
+    on a 30 s window, as a line alone is): the request asks for none, and the line goes on
+    alone at once."""
+    seen, finals = two_lines(base.tokenizer, loops=True)
+    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
+    assert second[0][1] > 0 and all(lead == 0 for _, lead, *_ in second[1:]), second
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 

@@ -65,6 +65,7 @@ class Hypothesis:
     no_speech_prob: float
     avg_logprob: float
     full_window: bool  # True when the loop guard re-decoded it at 30 s
+    looped: bool = False  # it repeats itself and its request asked for no retry
     # With word timing: each text token's start (seconds from the buffer start) and then the
     # end of the last, and each text token's probability, from cross-attention alignment.
     text_times: list[float] | None = None
@@ -92,6 +93,9 @@ class DecodeRequest:
     # for first words, since it ended for a close): the scheduler serves the nearest deadline
     # first.
     waited_s: float = 0.0
+    # A hypothesis that repeats itself is decoded again (without the prompt, then at 30 s);
+    # False: it is returned marked ``looped`` (a line behind a lead is decoded alone instead).
+    retry_loops: bool = True
 
 
 class StreamDecoder:
@@ -166,6 +170,9 @@ class StreamDecoder:
         short buffers mostly copy the earlier text it holds), first on the same window
         (``loop_retry="prompt"``), then at 30 s, as Whisper's own fallback does."""
         if not self._looks_looped(request, hyp):
+            return hyp
+        if not request.retry_loops:
+            hyp.looped = True
             return hyp
         retry = DecodeRequest(request.audio, [], request.language, request.task,
                               request.prefix)

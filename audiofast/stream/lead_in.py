@@ -24,6 +24,10 @@ SPLIT_SLACK_S = 0.1  # a word must end this far into the utterance to be its own
 END_SLACK_S = 0.5  # a close's last word must end this near to where VAD heard speech end
 UNHEARD_S = 0.02  # a word the alignment gives less time than this was not heard
 MIN_LEAD_SPEECH_S = 1.0  # a lead needs this much of an earlier utterance in it
+# A line keeps its lead while lead + line fit the encoder window a short buffer gets anyway
+# (decoder.py: PADDED_BUFFER_S + the 10 s pad, less its 2 s minimum): past that each decode
+# would cost a longer window, and the line is long enough to be heard alone.
+MAX_LEAD_BUFFER_S = 12.0
 
 
 class LeadIn:
@@ -71,6 +75,11 @@ class LeadIn:
         doubtful = cut < len(tokens) or not reaches(tokens[:cut], spans[:cut], speech_end_s,
                                                     tokenizer)
         return tokens[:cut], spans[:cut], probs[:cut], lead, doubtful
+
+
+def fits(samples: int) -> bool:
+    """Whether a buffer of lead + line this long (samples) still decodes with its lead."""
+    return samples <= MAX_LEAD_BUFFER_S * SAMPLE_RATE
 
 
 def lead_split(tokens: list[int], spans: list[tuple[float, float]], lead_s: float,

@@ -38,7 +38,7 @@ from audiofast.stream.agreement import (
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.final_words import FinalWords
-from audiofast.stream.lead_in import LeadIn
+from audiofast.stream.lead_in import LeadIn, fits
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
 
@@ -99,8 +99,8 @@ class StreamSession:
         self._lead_in = LeadIn(options.lead_in_s)  # what lead-ins need of the past
         self.ending = False
         self._count = 0
-        # (utterance, end sample, closes the utterance, decoded ahead of its end)
-        self._in_flight: tuple[Utterance, int, bool, bool] | None = None
+        # (utterance, end sample, closes the utterance, decoded ahead of its end, lead samples)
+        self._in_flight: tuple[Utterance, int, bool, bool, int] | None = None
         self._last_partial = ""
         self._final_words = FinalWords()  # times the finals' words across the stream
 
@@ -182,7 +182,10 @@ class StreamSession:
         closing = closed or early is not None
         if urgent_only and heard and not closing:
             return None
-        self._in_flight = (utt, end, closed, early is not None)
+        if utt.lead and not fits(utt.lead + end - utt.start):
+            utt.lead, utt.lead_tokens = 0, []  # the line is long enough to be heard alone
+        lead = utt.lead if closing or heard else 0  # a probe's text is never committed
+        self._in_flight = (utt, end, closed, early is not None, lead)
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
         # What the last decode said after the prefix: the draft the new decode verifies.
@@ -190,17 +193,18 @@ class StreamSession:
         ready = utt.early[1] if closed and utt.early and utt.early[0] == end else None
         since = end - int(self.options.post_roll_s * SAMPLE_RATE) if closing else utt.onset
         context = self.context
-        if utt.lead:  # the prompt stops where the lead's audio begins; nothing is forced
-            context = self._lead_in.prompt(context, utt.start - utt.lead)
+        if lead:  # the prompt stops where the lead's audio begins; nothing is forced
+            context = self._lead_in.prompt(context, utt.start - lead)
             draft = utt.lead_tokens + shift_timestamps(prefix + draft, self.tokenizer,
-                                                       -utt.lead / SAMPLE_RATE)
+                                                       -lead / SAMPLE_RATE)
             prefix = []
         keep = self.options.context_tokens  # 0: no prompt (a [-0:] slice would keep all)
-        return DecodeRequest(self._samples(utt.start - utt.lead, end),
+        return DecodeRequest(self._samples(utt.start - lead, end),
                              context[-keep:] if keep > 0 else [],
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard),
-                             waited_s=(self.received - since) / SAMPLE_RATE)
+                             waited_s=(self.received - since) / SAMPLE_RATE,
+                             retry_loops=not lead)
 
     def supersede(self) -> DecodeRequest | None:
         """Replace the update in flight, not decoded yet, by the close that came due since
@@ -209,7 +213,7 @@ class StreamSession:
         update's is dropped: nothing of it was applied), or None (the update stays)."""
         if self._in_flight is None:
             return None
-        utt, _, closed, early = self._in_flight
+        utt, _, closed, early, _ = self._in_flight
         if closed or early or not (utt.committed or utt.previous):
             return None  # not an update of an utterance under way
         update, self._in_flight = self._in_flight, None
@@ -261,9 +265,12 @@ class StreamSession:
     def apply(self, hyp: Hypothesis) -> list[dict]:
         """Take the hypothesis for the request :meth:`next_request` gave; return events."""
         assert self._in_flight is not None, "apply() without a request"
-        utt, end, closed, early = self._in_flight
+        utt, end, closed, early, lead_samples = self._in_flight
         self._in_flight = None
-        if early and not utt.lead:  # kept for the close; later audio is decoded from here on
+        if lead_samples and hyp.looped:  # Whisper repeated itself behind the lead: the line
+            utt.lead, utt.lead_tokens = 0, []  # is decoded again, alone (not at 30 s)
+            return []
+        if early and not lead_samples:  # kept for the close; later audio is decoded from here on
             utt.early, utt.decoded_to = (end, hyp), end
             return []
         if not early:
@@ -277,14 +284,14 @@ class StreamSession:
         origin = utt.start / SAMPLE_RATE  # token times are relative to it (cuts move it)
         forced = closed or duration > opts.max_utterance_s
         aligned = bool(hyp.text_times) and len(tokens) > 0
-        lead = utt.lead / SAMPLE_RATE
+        lead = lead_samples / SAMPLE_RATE
         spans = aligned_spans(tokens, tok, hyp.text_times, duration + lead) if aligned \
             else token_spans(tokens, tok, duration + lead)
         probs = token_probs(tokens, tok, hyp.text_probs)
-        if utt.lead:
+        if lead_samples:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
             tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
-                utt.index, utt.start - utt.lead, tokens, spans, probs, lead, speech_end, tok)
+                utt.index, utt.start - lead_samples, tokens, spans, probs, lead, speech_end, tok)
             if (closed or early) and (doubtful or utt.committed and skip_committed(
                     utt.committed, utt.committed_end, tokens, tok, False) is None):
                 # Whisper sometimes ends before the last line of its window or before the
