@@ -7,6 +7,7 @@ import numpy as np
 
 from audiofast.stream.decoder import Hypothesis
 from audiofast.stream.lead_in import (
+    EARLY_S,
     MAX_LEAD_BUFFER_S,
     LeadIn,
     drop_lead,
@@ -88,10 +89,10 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
     with a 3 s lead-in, each decode answered with a made-up hypothesis: the first line's
     text, and for the second the lead's words then its own (``stops_early``: a lead decode's
     close says only the lead's; ``loops``: a lead decode's hypothesis comes back marked
-    ``looped``, as the decoder returns one that repeats itself). Each sample's value is its index, so a request's audio tells
-    where it starts. Returns (utterance, the request's lead in samples, whether it is a probe,
-    context, prefix, answered by the close decoded ahead, audio samples) per request, and the
-    finals."""
+    ``looped``, as the decoder returns one that repeats itself). Each sample's value is its
+    index, so a request's audio tells where it starts. Returns (utterance, the request's lead
+    in samples, whether it is a probe, context, prefix, answered by the close decoded ahead,
+    audio samples) per request, and the finals."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
         10 <= (i := next(chunks)) < 70 or 110 <= i < 110 + second_s / 0.032))  # 32 ms chunks
@@ -188,3 +189,39 @@ def test_words_the_alignment_gives_no_time_are_an_unheard_tail(base):
     heard_after = spans[:3] + [(0.8, 0.8), (0.8, 1.2), (1.2, 1.3)]
     assert unheard_tail(tokens, heard_after, tok) == len(tokens)
     assert unheard_tail([], [], tok) == 0
+
+
+def test_a_leads_first_draft_is_the_last_closes_words_from_the_lead_on(base):
+    """Before a line's first lead decode, the draft for the lead's text is what the last close
+    said there: its words from the first that ends within ``EARLY_S`` before the lead, their
+    timestamps moved to the lead's time (whole 20 ms steps), opened at <|0.00|>."""
+    tok = base.tokenizer
+    tokens, spans = timed(tok, [("<t>", 0.0, 0.0), (" No", 0.2, 0.6), (".", 0.6, 0.6),
+                                ("<t>", 0.8, 0.8), ("<t>", 1.0, 1.0), (" Ever", 1.1, 1.5),
+                                (" said", 1.5, 2.0), (".", 2.0, 2.0), ("<t>", 2.2, 2.2)])
+    lead_in = LeadIn(6.0)
+    assert lead_in.draft(16000, tok) == []  # no close yet
+    lead_in.closed(8000, tokens, spans)  # that close's audio began 0.5 s into the stream
+    ts = tok.timestamp_begin
+    # A lead from 1.7 s (1.2 s into the close's audio): "No." ended 0.6 s before, "Ever" ...
+    assert lead_in.draft(27200, tok) == [ts, *tokens[5:8], ts + 50]
+    # ... from 1.2 s (0.7 s in): "No." ends 0.1 s before it.
+    assert EARLY_S == 0.5
+    assert lead_in.draft(19200, tok) == [ts, *tokens[1:3], ts + 5, ts + 15, *tokens[5:8],
+                                         ts + 75]
+
+
+def test_a_lead_decodes_as_plain_greedy_and_its_drafts_save_calls(live, clips):
+    """With a lead-in, the drafts (the lead's text from the last close, then each decode's)
+    change nothing a session decodes, and take fewer decoder calls than greedy alone."""
+    from audiofast.audio import load_audio
+    from audiofast.stream.decoder import StreamDecoder
+    from audiofast.stream.replay import replay
+
+    audio = load_audio(clips["beckett"].audio)
+    plain, drafted = StreamDecoder(live, draft=False), StreamDecoder(live)
+    alone = replay(plain, audio, StreamOptions(lead_in_s=6.0))
+    led = replay(drafted, audio, StreamOptions(lead_in_s=6.0))
+    assert led.hypotheses == alone.hypotheses and led.text == alone.text
+    assert drafted.stats["tokens"] == plain.stats["tokens"]
+    assert drafted.stats["decoder_calls"] < 0.9 * plain.stats["decoder_calls"], drafted.stats

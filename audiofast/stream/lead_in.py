@@ -24,6 +24,8 @@ SPLIT_SLACK_S = 0.1  # a word must end this far into the utterance to be its own
 END_SLACK_S = 0.5  # a close's last word must end this near to where VAD heard speech end
 UNHEARD_S = 0.02  # a word the alignment gives less time than this was not heard
 MIN_LEAD_SPEECH_S = 1.0  # a lead needs this much of an earlier utterance in it
+EARLY_S = 0.5  # a lead's draft starts with the words ending this near before the lead (a draft
+# that starts early realigns on the first words greedy says; one that starts late cannot)
 # A line keeps its lead while lead + line fit the encoder window a short buffer gets anyway
 # (decoder.py: PADDED_BUFFER_S + the 10 s pad, less its 2 s minimum): past that each decode
 # would cost a longer window, and the line is long enough to be heard alone.
@@ -40,6 +42,8 @@ class LeadIn:
         self.speech_end = 0  # stream sample
         self._said: deque[tuple[int, float, str]] = deque(maxlen=200)  # (utterance, start, w)
         self._retired: list[tuple[int, int]] = []  # (context length before, its audio's end)
+        # The last close: (its audio's start, its tokens, their aligned spans)
+        self._last_close: tuple[int, list[int], list[tuple[float, float]]] = (0, [], [])
 
     def lead(self, start: int, audio_start: int) -> int:
         """Samples of earlier audio a new utterance from ``start`` is decoded with: up to
@@ -53,6 +57,24 @@ class LeadIn:
         """Text is becoming prompt context after ``context_length`` tokens; its audio ended at
         stream sample ``until``."""
         self._retired.append((context_length, until))
+
+    def closed(self, audio_from: int, tokens: list[int], spans: list[tuple[float, float]]
+               ) -> None:
+        """The last close's hypothesis (with its lead, if it had one), each token's aligned
+        span, and where its audio started: the next line's lead is most of that audio."""
+        self._last_close = (audio_from, tokens, spans)
+
+    def draft(self, lead_from: int, tokenizer: WhisperTokenizer) -> list[int]:
+        """A draft for a lead's text before any decode of it: the last close's words from the
+        first that starts in the lead, moved to its time (verification keeps only what greedy
+        says, and the draft realigns after a departure: a guess costs little)."""
+        audio_from, tokens, spans = self._last_close
+        skip = (lead_from - audio_from) / SAMPLE_RATE
+        first = next((i for i, t in enumerate(tokens) if t < tokenizer.eot
+                      and starts_word(tokenizer, t) and spans[i][1] > skip - EARLY_S), None)
+        if first is None:
+            return []
+        return [tokenizer.timestamp_begin, *shift_timestamps(tokens[first:], tokenizer, skip)]
 
     def said(self, utterance: int, words: list[dict]) -> None:
         self._said.extend((utterance, w["start"], w["w"]) for w in words)

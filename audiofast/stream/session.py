@@ -195,8 +195,8 @@ class StreamSession:
         context = self.context
         if lead:  # the prompt stops where the lead's audio begins; nothing is forced
             context = self._lead_in.prompt(context, utt.start - lead)
-            draft = utt.lead_tokens + shift_timestamps(prefix + draft, self.tokenizer,
-                                                       -lead / SAMPLE_RATE)
+            said = utt.lead_tokens or self._lead_in.draft(utt.start - lead, self.tokenizer)
+            draft = said + shift_timestamps(prefix + draft, self.tokenizer, -lead / SAMPLE_RATE)
             prefix = []
         keep = self.options.context_tokens  # 0: no prompt (a [-0:] slice would keep all)
         return DecodeRequest(self._samples(utt.start - lead, end),
@@ -288,6 +288,8 @@ class StreamSession:
         spans = aligned_spans(tokens, tok, hyp.text_times, duration + lead) if aligned \
             else token_spans(tokens, tok, duration + lead)
         probs = token_probs(tokens, tok, hyp.text_probs)
+        if closed:
+            self._lead_in.closed(utt.start - lead_samples, tokens, spans)
         if lead_samples:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
             tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
