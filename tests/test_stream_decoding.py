@@ -237,10 +237,11 @@ def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
     assert decoder.stats["prompt_retry"] == 1 and decoder.stats["full_window"] == 0
     assert not hyp.full_window and "tried" in tok.decode(hyp.tokens).lower()
     assert tok.decode(hyp.tokens).lower().count("tried") == 1
-    # A request that asks for no retry (a line behind a lead-in) gets the loop back, marked.
-    request.retry_loops = False
+    # A request that asks for no 30 s retry (a line behind a lead-in) gets the prompt-free
+    # retry, and if that loops too, the loop back, marked.
+    request = DecodeRequest(audio, [], "en", "transcribe", full_window_retry=False)
     marked = decoder._unloop(request, looped)
-    assert marked.looped and marked.tokens == looped.tokens and decoder.stats["prompt_retry"] == 1
+    assert marked.looped and marked.tokens == looped.tokens and decoder.stats["full_window"] == 0
     with pytest.raises(ValueError, match="loop_retry"):
         StreamDecoder(live, loop_retry="beam")
 

@@ -167,9 +167,9 @@ def test_a_long_line_is_decoded_alone_once_lead_and_line_outgrow_a_short_window(
 
 
 def test_a_line_whose_lead_decode_loops_is_decoded_alone(base):
-    """A hypothesis that repeats itself behind a lead is not retried (without the prompt, then
-    on a 30 s window, as a line alone is): the request asks for none, and the line goes on
-    alone at once."""
+    """A hypothesis that repeats itself behind a lead, and again without the prompt, is not
+    retried on a 30 s window (as a line alone is): the request asks for none, the decoder
+    marks it ``looped``, and the line goes on alone at once."""
     seen, finals = two_lines(base.tokenizer, loops=True)
     second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
     assert second[0][1] > 0 and all(lead == 0 for _, lead, *_ in second[1:]), second

@@ -65,7 +65,7 @@ class Hypothesis:
     no_speech_prob: float
     avg_logprob: float
     full_window: bool  # True when the loop guard re-decoded it at 30 s
-    looped: bool = False  # it repeats itself and its request asked for no retry
+    looped: bool = False  # it repeats itself, and its request asked for no 30 s retry
     # With word timing: each text token's start (seconds from the buffer start) and then the
     # end of the last, and each text token's probability, from cross-attention alignment.
     text_times: list[float] | None = None
@@ -93,9 +93,10 @@ class DecodeRequest:
     # for first words, since it ended for a close): the scheduler serves the nearest deadline
     # first.
     waited_s: float = 0.0
-    # A hypothesis that repeats itself is decoded again (without the prompt, then at 30 s);
-    # False: it is returned marked ``looped`` (a line behind a lead is decoded alone instead).
-    retry_loops: bool = True
+    # A hypothesis that repeats itself is decoded again without the prompt, and if that loops
+    # too, at 30 s; False: then it is returned marked ``looped`` (a line behind a lead-in is
+    # decoded alone instead, on its own short window).
+    full_window_retry: bool = True
 
 
 class StreamDecoder:
@@ -171,9 +172,6 @@ class StreamDecoder:
         (``loop_retry="prompt"``), then at 30 s, as Whisper's own fallback does."""
         if not self._looks_looped(request, hyp):
             return hyp
-        if not request.retry_loops:
-            hyp.looped = True
-            return hyp
         retry = DecodeRequest(request.audio, [], request.language, request.task,
                               request.prefix)
         if self.loop_retry == "prompt" and request.context:
@@ -181,6 +179,9 @@ class StreamDecoder:
             self.stats["prompt_retry"] += 1
             if not self._looks_looped(request, hyp):
                 return hyp
+        if not request.full_window_retry:
+            hyp.looped = True
+            return hyp
         hyp = self._decode([retry], [N_FRAMES])[0]
         hyp.full_window = True
         self.stats["full_window"] += 1

@@ -204,7 +204,7 @@ class StreamSession:
                              self.options.language, self.options.task, prefix, draft, ready,
                              urgent=closing or not heard, probe=not (closing or heard),
                              waited_s=(self.received - since) / SAMPLE_RATE,
-                             retry_loops=not lead)
+                             full_window_retry=not lead)
 
     def supersede(self) -> DecodeRequest | None:
         """Replace the update in flight, not decoded yet, by the close that came due since
