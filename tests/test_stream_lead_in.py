@@ -225,3 +225,24 @@ def test_a_lead_decodes_as_plain_greedy_and_its_drafts_save_calls(live, clips):
     assert led.hypotheses == alone.hypotheses and led.text == alone.text
     assert drafted.stats["tokens"] == plain.stats["tokens"]
     assert drafted.stats["decoder_calls"] < 0.9 * plain.stats["decoder_calls"], drafted.stats
+
+
+def test_a_long_streams_prompt_text_stays_bounded_and_leads_still_find_their_prompt(base):
+    """Hours of speech do not grow a session's prompt text without end: past twice
+    ``KEEP_CONTEXT`` tokens only the last ``KEEP_CONTEXT`` stay, and where each piece's audio
+    ended moves with them, so a lead's prompt still stops where the lead's audio begins."""
+    from audiofast.stream.session import KEEP_CONTEXT
+
+    tok = base.tokenizer
+    session = StreamSession(tok, StreamOptions(lead_in_s=3.0))
+    piece = tok.encode(" Ever tried. Ever failed.")
+    for i in range(400):
+        session._retire(piece, (i + 1) * 16000)  # one line per second of audio
+    assert 400 * len(piece) > 2 * KEEP_CONTEXT  # it was trimmed ...
+    assert KEEP_CONTEXT <= len(session.context) <= 2 * KEEP_CONTEXT  # ... to its last tokens
+    assert session.context[-len(piece):] == piece
+    lead_in = session._lead_in
+    assert lead_in.prompt(session.context, 399 * 16000 + 1) == session.context[:-len(piece)]
+    assert lead_in.prompt(session.context, 396 * 16000 + 1) \
+        == session.context[:-4 * len(piece)]
+    assert lead_in.prompt(session.context, 16000) == []  # its text is gone: no prompt

@@ -65,11 +65,11 @@ class Hypothesis:
     no_speech_prob: float
     avg_logprob: float
     full_window: bool  # True when the loop guard re-decoded it at 30 s
-    looped: bool = False  # it repeats itself, and its request asked for no 30 s retry
     # With word timing: each text token's start (seconds from the buffer start) and then the
     # end of the last, and each text token's probability, from cross-attention alignment.
     text_times: list[float] | None = None
     text_probs: list[float] | None = None
+    looped: bool = False  # it repeats itself, and its request asked for no 30 s retry
 
 
 @dataclass

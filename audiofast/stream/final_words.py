@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+from audiofast.asr.tokenizer import WhisperTokenizer
 from audiofast.asr.types import Word
-from audiofast.asr.word_timing import ends_sentence, trim_pauses
+from audiofast.asr.word_timing import ends_sentence, split_words, trim_pauses
 
 HEARD_WORDS = 200  # the speaking rate for pause trimming: this many recent final words
 
@@ -45,3 +46,22 @@ class FinalWords:
         if out:
             self._said_until = out[-1]["end"]
         return out
+
+
+def timed_words(tokens: list[int], spans: list[tuple[float, float]], probs: list[float | None],
+                offset: float, tokenizer: WhisperTokenizer) -> list[Word]:
+    """A hypothesis's text tokens as timed words (``offset`` + their spans: stream seconds;
+    probability = the mean of its tokens'), untrimmed: each word runs to the next's start."""
+    text_at = [i for i, t in enumerate(tokens) if t < tokenizer.eot]
+    words, k = [], 0  # token indices of each word, as word timing groups them
+    for group in split_words([tokens[i] for i in text_at], tokenizer):
+        words.append(text_at[k:k + len(group)])
+        k += len(group)
+    return [Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
+                 tokenizer.decode([tokens[i] for i in word]), _mean([probs[i] for i in word]))
+            for word in words]
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None

@@ -41,7 +41,8 @@ class LeadIn:
         self.seconds = seconds
         self.speech_end = 0  # stream sample
         self._said: deque[tuple[int, float, str]] = deque(maxlen=200)  # (utterance, start, w)
-        self._retired: list[tuple[int, int]] = []  # (context length before, its audio's end)
+        # (context length before, its audio's end) of the last pieces of prompt text
+        self._retired: deque[tuple[int, int]] = deque(maxlen=256)
         # The last close: (its audio's start, its tokens, their aligned spans)
         self._last_close: tuple[int, list[int], list[tuple[float, float]]] = (0, [], [])
 
@@ -57,6 +58,11 @@ class LeadIn:
         """Text is becoming prompt context after ``context_length`` tokens; its audio ended at
         stream sample ``until``."""
         self._retired.append((context_length, until))
+
+    def forget(self, tokens: int) -> None:
+        """The prompt context's first ``tokens`` were dropped: text from before them is gone."""
+        self._retired = deque(((max(0, n - tokens), end) for n, end in self._retired),
+                              maxlen=self._retired.maxlen)
 
     def closed(self, audio_from: int, tokens: list[int], spans: list[tuple[float, float]]
                ) -> None:

@@ -2,6 +2,7 @@
 
 Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode request, runs it
 (batched with other streams) and hands the hypothesis back; events come out as dicts.
+With ``lead_in_s`` a line is decoded with the speech before it (lead_in.py).
 
 - silero VAD splits the stream into utterances; audio outside them is never decoded.
 - While an utterance grows, it is re-decoded every ``min_chunk_s`` of new audio; tokens two
@@ -24,8 +25,7 @@ import numpy as np
 
 from audiofast.asr.hallucination import words_anomalous
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
-from audiofast.asr.types import Word
-from audiofast.asr.word_timing import split_words, trim_pauses
+from audiofast.asr.word_timing import trim_pauses
 from audiofast.stream.agreement import (
     agreed_length,
     aligned_spans,
@@ -37,9 +37,11 @@ from audiofast.stream.agreement import (
     token_spans,
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
-from audiofast.stream.final_words import FinalWords
+from audiofast.stream.final_words import FinalWords, timed_words
 from audiofast.stream.lead_in import LeadIn, fits
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
+
+KEEP_CONTEXT = 512  # earlier text tokens kept for prompts (each takes its last 64 at most)
 
 
 class Overloaded(RuntimeError):
@@ -305,7 +307,7 @@ class StreamSession:
                 utt.early, utt.decoded_to = (end, hyp), end
                 return []
         if silent and aligned and hyp.text_probs and not utt.committed \
-                and words_anomalous(trim_pauses(self._words(utt, tokens, spans, probs))):
+                and words_anomalous(trim_pauses(timed_words(tokens, spans, probs, origin, tok))):
             # A breath or a click VAD took for speech, "heard" as "Thank you.": the model
             # doubts there is speech and its words look unlike speech (offline's rule).
             tokens, spans, probs = [], [], []
@@ -348,7 +350,7 @@ class StreamSession:
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        out = self._final_words.time(self._words(utt, tokens, spans, probs),
+        out = self._final_words.time(timed_words(tokens, spans, probs, offset, tok),
                                      utt.silent_to / SAMPLE_RATE if closing else None)
         self._lead_in.said(utt.index, out)
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
@@ -356,21 +358,6 @@ class StreamSession:
             start, end = out[0]["start"], out[-1]["end"]
         return [{"type": "final", "utterance": utt.index, "text": text,
                  "start": round(start, 3), "end": round(end, 3), "words": out}]
-
-    def _words(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
-               probs: list[float | None]) -> list[Word]:
-        """The tokens' text as timed words (stream seconds, probability = the mean of its
-        tokens'), untrimmed: each word runs to the next's start."""
-        tok = self.tokenizer
-        text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
-        offset = utt.start / SAMPLE_RATE
-        words, k = [], 0  # token indices of each word, as word timing groups them
-        for group in split_words([tokens[i] for i in text_at], tok):
-            words.append(text_at[k:k + len(group)])
-            k += len(group)
-        return [Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
-                     tok.decode([tokens[i] for i in word]), _mean([probs[i] for i in word]))
-                for word in words]
 
     def _cut(self, utt: Utterance, seconds: float, keep_from: int) -> None:
         """Move the buffer start ``seconds`` later; committed tokens before ``keep_from``
@@ -388,6 +375,10 @@ class StreamSession:
         Whisper repeat it)."""
         self._lead_in.retire(len(self.context), until)
         self.context += [t for t in tokens if t < self.tokenizer.eot]
+        if len(self.context) > 2 * KEEP_CONTEXT:  # an hours-long stream keeps only its end
+            drop = len(self.context) - KEEP_CONTEXT
+            self.context = self.context[drop:]
+            self._lead_in.forget(drop)
 
     def _partial(self, text: str, utt: Utterance, start: float) -> list[dict]:
         if text == self._last_partial:
@@ -396,7 +387,3 @@ class StreamSession:
         return [{"type": "partial", "utterance": utt.index, "text": text,
                  "start": round(start, 3)}]
 
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(sum(known) / len(known), 4) if known else None
