@@ -169,7 +169,8 @@ class StreamDecoder:
     def _unloop(self, request: DecodeRequest, hyp: Hypothesis) -> Hypothesis:
         """A hypothesis that repeats itself is decoded again without the prompt (loops on
         short buffers mostly copy the earlier text it holds), first on the same window
-        (``loop_retry="prompt"``), then at 30 s, as Whisper's own fallback does."""
+        (``loop_retry="prompt"``), then at 30 s, as Whisper's own fallback does - unless the
+        request asks for no 30 s retry: then it comes back marked ``looped``."""
         if not self._looks_looped(request, hyp):
             return hyp
         retry = DecodeRequest(request.audio, [], request.language, request.task,

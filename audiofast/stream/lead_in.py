@@ -72,8 +72,9 @@ class LeadIn:
 
     def draft(self, lead_from: int, tokenizer: WhisperTokenizer) -> list[int]:
         """A draft for a lead's text before any decode of it: the last close's words from the
-        first that starts in the lead, moved to its time (verification keeps only what greedy
-        says, and the draft realigns after a departure: a guess costs little)."""
+        first that ends within ``EARLY_S`` before the lead's start on, moved to its time
+        (verification keeps only what greedy says, and the draft realigns after a departure:
+        a guess costs little)."""
         audio_from, tokens, spans = self._last_close
         skip = (lead_from - audio_from) / SAMPLE_RATE
         first = next((i for i, t in enumerate(tokens) if t < tokenizer.eot
