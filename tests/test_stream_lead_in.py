@@ -246,3 +246,39 @@ def test_a_long_streams_prompt_text_stays_bounded_and_leads_still_find_their_pro
     assert lead_in.prompt(session.context, 396 * 16000 + 1) \
         == session.context[:-4 * len(piece)]
     assert lead_in.prompt(session.context, 16000) == []  # its text is gone: no prompt
+
+
+def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
+    """End to end on loopback, two real recordings at once at 2x real time through a server
+    whose sessions decode each line with up to 6 s of the speech before it: later lines'
+    updates and closes carry their lead (probes never), and the finals read as offline's."""
+    import asyncio
+
+    from audiofast.audio import load_audio
+    from audiofast.eval.wer import wer
+    from audiofast.stream.client import stream_audio
+    from audiofast.stream.server import ServerOptions, ServerThread
+
+    thread = ServerThread(live, ServerOptions(port=0, stream=StreamOptions(lead_in_s=6.0)))
+    decoder = thread.server.decoder
+    real, seen = decoder.decode, []
+
+    def decode(requests: list, *encoded) -> list:
+        seen.extend((r.probe, not r.full_window_retry) for r in requests if r.ready is None)
+        return real(requests, *encoded)
+
+    decoder.decode = decode
+    names = ["beckett", "clone-test"]
+    with thread as url:
+        async def run_all():
+            return await asyncio.gather(*(stream_audio(url, load_audio(clips[n].audio), 2.0)
+                                          for n in names))
+        results = asyncio.run(run_all())
+    assert any(led for probe, led in seen if not probe), seen  # leads were decoded
+    assert not any(led for probe, led in seen if probe), seen  # ... never for a probe
+    for name, result in zip(names, results, strict=True):
+        assert result.closed and not result.errors, result.events
+        reference, n = clips[name].reference, len(clips[name].reference.split())
+        offline = wer(reference, base.transcribe(clips[name].audio).text)
+        # Within a word of offline (a live run decodes at other moments than a replay).
+        assert (wer(reference, result.text) - offline) * n <= 1, result.text
