@@ -86,6 +86,10 @@ class Utterance:
     lead: int = 0  # samples of earlier audio before ``start`` every decode hears (lead_in.py)
     lead_tokens: list[int] = field(default_factory=list)  # what the last decode said of them
 
+    def drop_lead(self) -> None:
+        """Decode the line alone from now on."""
+        self.lead, self.lead_tokens = 0, []
+
 
 class StreamSession:
     def __init__(self, tokenizer: WhisperTokenizer, options: StreamOptions = StreamOptions(),
@@ -185,7 +189,7 @@ class StreamSession:
         if urgent_only and heard and not closing:
             return None
         if utt.lead and not fits(utt.lead + end - utt.start):
-            utt.lead, utt.lead_tokens = 0, []  # the line is long enough to be heard alone
+            utt.drop_lead()  # the line is long enough to be heard alone
         lead = utt.lead if closing or heard else 0  # a probe's text is never committed
         self._in_flight = (utt, end, closed, early is not None, lead)
         j = last_segment_end(utt.committed, self.tokenizer)
@@ -270,7 +274,7 @@ class StreamSession:
         utt, end, closed, early, lead_samples = self._in_flight
         self._in_flight = None
         if lead_samples and hyp.looped:  # Whisper repeated itself behind the lead: the line
-            utt.lead, utt.lead_tokens = 0, []  # is decoded again, alone (not at 30 s)
+            utt.drop_lead()  # is decoded again, alone (not at 30 s)
             return []
         if early and not lead_samples:  # kept for the close; later audio is decoded from here on
             utt.early, utt.decoded_to = (end, hyp), end
@@ -290,7 +294,7 @@ class StreamSession:
         spans = aligned_spans(tokens, tok, hyp.text_times, duration + lead) if aligned \
             else token_spans(tokens, tok, duration + lead)
         probs = token_probs(tokens, tok, hyp.text_probs)
-        if closed:
+        if closed and opts.lead_in_s:  # the next line's lead drafts from it
             self._lead_in.closed(utt.start - lead_samples, tokens, spans)
         if lead_samples:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
@@ -301,7 +305,7 @@ class StreamSession:
                 # Whisper sometimes ends before the last line of its window or before the
                 # rest of it, adds words it did not hear or drops committed ones: the line
                 # is closed on its own buffer instead (found ahead, it is decoded ahead).
-                utt.lead, utt.lead_tokens = 0, []
+                utt.drop_lead()
                 return []
             if early:
                 utt.early, utt.decoded_to = (end, hyp), end
@@ -367,7 +371,7 @@ class StreamSession:
         utt.previous = shift_timestamps(utt.previous, self.tokenizer, seconds)
         utt.committed_end = max(0.0, utt.committed_end - seconds)
         utt.start += int(round(seconds * SAMPLE_RATE))
-        utt.lead, utt.lead_tokens = 0, []  # the buffer now starts inside the utterance
+        utt.drop_lead()  # the buffer now starts inside the utterance
 
     def _retire(self, tokens: list[int], until: int) -> None:
         """Committed text leaving the buffer (its audio ends at stream sample ``until``)
