@@ -25,6 +25,11 @@ without the prompt), and the StreamOptions ``chunk`` (min_chunk_s), ``first``
 (first_chunk_s), ``trim`` (trim_after_s), ``margin`` (commit_margin_s), ``early``
 (early_close, 0/1), ``context`` (context_tokens), ``lead`` (lead_in_s).
 
+``--latency MIN,MAX`` replays each clip ``--seeds`` times with every hypothesis applied a
+random MIN-MAX s late (stream/replay.py), as on a loaded server: the WER and work reported
+are the seeds' means (each seed's WER is in the JSON). Whisper's text depends on where the
+buffers it is given end, so a setting that wins only without delays wins by luck.
+
 Words on time are also given for the real recordings alone (those of at most 30 s). The
 alignment of a whole clip gives a pause to the word before it (trimmed past twice the median
 word at a sentence's edge), as live finals do with the silence VAD heard after a line, and
@@ -77,6 +82,15 @@ def parse_config(spec: str) -> tuple[dict, dict]:
     return decoder, options
 
 
+def latency_range(text: str) -> tuple[float, float]:
+    """``0.05,0.9`` -> (0.05, 0.9)."""
+    low, _, high = text.partition(",")
+    try:
+        return float(low), float(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, not {text!r}") from None
+
+
 def dialogues(count: int, lines: int = 8, seed: int = 0, sentences: int = 1,
               words: tuple[int, int] = (4, 9), name: str = "dialogue") -> list[dict]:
     """Held-out sentences in turns of two voices, with pauses between the turns: by default
@@ -115,6 +129,26 @@ def timing_agreement(finals: list[dict], reference: list) -> tuple[int, int, int
     return len(pairs), both, sum(starts), sum(ends)
 
 
+def clip_row(clip: dict, runs: list[tuple]) -> dict:
+    """One clip's results over its replays (one per latency seed): WER and work are means,
+    ``wers`` each seed's."""
+    seconds = len(clip["audio"]) / SAMPLE_RATE
+    wers = [wer(clip["reference"], run.text) for run, _ in runs]
+    timing = np.sum([timing_agreement(run.finals, clip["aligned"]) if "aligned" in clip
+                     else (0, 0, 0, 0) for run, _ in runs], axis=0) / len(runs)
+    mean = {key: float(np.mean([stats[key] for _, stats in runs]))
+            for key in ("encoder_s", "decoder_s", "align_s", "windows", "full_window")}
+    return {"clip": clip["name"], "wer": float(np.mean(wers)), "wers": wers,
+            "timed_words": timing[0], "on_time": timing[1], "start_on_time": timing[2],
+            "end_on_time": timing[3], "offline_wer": clip["offline"],
+            "work_per_s": (mean["encoder_s"] + mean["decoder_s"] + mean["align_s"]) / seconds,
+            "encoder_per_s": mean["encoder_s"] / seconds, "windows": mean["windows"],
+            "full_window": mean["full_window"],
+            "decodes": float(np.mean([run.decodes for run, _ in runs])),
+            "ready": float(np.mean([run.ready for run, _ in runs])), "text": runs[0][0].text,
+            "texts": [run.text for run, _ in runs]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="whisper-base")
@@ -124,6 +158,9 @@ def main() -> None:
                         help="dialogues whose lines are three sentences (6-10 s buffers)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--encoder", default="auto", help="as transcribe's --encoder")
+    parser.add_argument("--latency", type=latency_range, default=None, metavar="MIN,MAX",
+                        help="apply each hypothesis MIN-MAX s late (a loaded server)")
+    parser.add_argument("--seeds", type=int, default=4, help="replays per clip with --latency")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
     runtime = load_model(args.model, threads=args.threads, encoder=args.encoder)
@@ -140,21 +177,13 @@ def main() -> None:
         decoder_kwargs, option_kwargs = parse_config(spec)
         rows = []
         for clip in clips:
-            decoder = StreamDecoder(runtime, **decoder_kwargs)
-            run = replay(decoder, clip["audio"], StreamOptions(**option_kwargs))
-            stats = decoder.stats
-            seconds = len(clip["audio"]) / SAMPLE_RATE
-            matched, on_time, starts, ends = timing_agreement(run.finals, clip["aligned"]) \
-                if "aligned" in clip else (0, 0, 0, 0)
-            rows.append({"clip": clip["name"], "wer": wer(clip["reference"], run.text),
-                         "timed_words": matched, "on_time": on_time, "start_on_time": starts,
-                         "end_on_time": ends,
-                         "offline_wer": clip["offline"],
-                         "work_per_s": (stats["encoder_s"] + stats["decoder_s"]
-                                        + stats["align_s"]) / seconds,
-                         "encoder_per_s": stats["encoder_s"] / seconds,
-                         "windows": stats["windows"], "full_window": stats["full_window"],
-                         "decodes": run.decodes, "ready": run.ready, "text": run.text})
+            runs = []
+            for seed in range(args.seeds if args.latency else 1):
+                decoder = StreamDecoder(runtime, **decoder_kwargs)
+                run = replay(decoder, clip["audio"], StreamOptions(**option_kwargs),
+                             latency=args.latency, seed=seed)
+                runs.append((run, dict(decoder.stats)))
+            rows.append(clip_row(clip, runs))
         gaps = [r["wer"] - r["offline_wer"] for r in rows]
         result = {"config": spec, "rows": rows,
                   "wer_real": float(np.mean([r["wer"] for r in rows[:4]])),
