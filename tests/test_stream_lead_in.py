@@ -91,8 +91,8 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
     close says only the lead's; ``loops``: a lead decode's hypothesis comes back marked
     ``looped``, as the decoder returns one that repeats itself). Each sample's value is its
     index, so a request's audio tells where it starts. Returns (utterance, the request's lead
-    in samples, whether it is a probe, context, prefix, answered by the close decoded ahead,
-    audio samples) per request, and the finals."""
+    in samples, its kind - probe, update or close -, context, prefix, answered by the close
+    decoded ahead, audio samples) per request, and the finals."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
         10 <= (i := next(chunks)) < 70 or 110 <= i < 110 + second_s / 0.032))  # 32 ms chunks
@@ -106,7 +106,7 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
             continue
         utt = session.utterances[0]
         lead_samples = utt.start - round(request.audio[0] * 1e6)  # where its audio starts
-        seen.append((utt.index, lead_samples, request.probe, request.context, request.prefix,
+        seen.append((utt.index, lead_samples, kind(request), request.context, request.prefix,
                      request.ready is not None, len(request.audio)))
         lead = round(lead_samples / 16000 / 0.02)
         if utt.index == 1 or not lead:  # a line alone
@@ -122,18 +122,23 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
     return seen, finals
 
 
-def test_a_line_after_an_earlier_one_is_decoded_with_its_audio_and_no_prompt_of_it(base):
-    """With ``lead_in_s``, the second utterance's requests hold the audio from up to that
-    much earlier (whole 20 ms steps), the prompt leaves out the text of the first (its audio
-    is in the lead), nothing is forced, and the first line's words are not finals twice.
-    Probes for the line's first words (shown, never committed) hear no lead."""
+def kind(request) -> str:
+    return "probe" if request.probe else "close" if request.urgent else "update"
+
+
+def test_a_lines_close_is_decoded_with_the_audio_before_it_and_no_prompt_of_it(base):
+    """With ``lead_in_s``, the second utterance's closing decodes hold the audio from up to
+    that much earlier (whole 20 ms steps), the prompt leaves out the text of the first (its
+    audio is in the lead), nothing is forced, and the first line's words are not finals twice.
+    Its probes and updates are decoded alone, with the first line's text as their prompt."""
     seen, finals = two_lines(base.tokenizer)
-    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
-    assert second and all(lead > 0 and lead % 320 == 0 for _, lead, *_ in second), seen
-    assert len({lead for _, lead, *_ in second}) == 1, second  # one lead for the line
-    assert all(context == [] and prefix == [] for *_, context, prefix, _, _ in second), second
-    probes = [entry for entry in seen if entry[0] == 2 and entry[2]]
-    assert probes and all(lead == 0 and context for _, lead, _, context, *_ in probes), seen
+    closes = [entry for entry in seen if entry[0] == 2 and entry[2] == "close"]
+    assert closes and all(lead > 0 and lead % 320 == 0 for _, lead, *_ in closes), seen
+    assert len({lead for _, lead, *_ in closes}) == 1, closes  # one lead for the line
+    assert all(context == [] and prefix == [] for *_, context, prefix, _, _ in closes), closes
+    alone = [entry for entry in seen if entry[0] == 2 and entry[2] != "close"]
+    assert {entry[2] for entry in alone} == {"probe", "update"}, seen
+    assert all(lead == 0 and context for _, lead, _, context, *_ in alone), seen
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
@@ -150,29 +155,28 @@ def test_a_close_that_stops_before_its_line_is_decoded_again_alone(base):
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
-def test_a_long_line_is_decoded_alone_once_lead_and_line_outgrow_a_short_window(base):
+def test_a_long_line_is_closed_alone(base):
     """A lead is for short lines: once lead + line would pass ``MAX_LEAD_BUFFER_S`` (a
-    longer encoder window for every decode), the line drops its lead for good and goes on
-    alone, its committed words forced as without a lead."""
+    longer encoder window), the line drops its lead and is closed alone, the first line's text
+    its prompt as without a lead; a short line with the same lead is closed with it."""
     seen, finals = two_lines(base.tokenizer, second_s=9.6)  # no cut before its close
-    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
-    leads = [lead for _, lead, *_ in second]
-    assert leads[0] > 0 and 0 in leads, second
-    alone = leads.index(0)
-    assert all(leads[:alone]) and not any(leads[alone:]), leads
-    assert all(n <= MAX_LEAD_BUFFER_S * 16000 for *_, n in second[:alone]), second
-    assert second[alone][-1] + leads[0] > MAX_LEAD_BUFFER_S * 16000, second[alone]
-    assert any(prefix for *_, prefix, _, _ in second[alone:]), second  # committed: forced
+    closes = [entry for entry in seen if entry[0] == 2 and entry[2] == "close"]
+    assert closes and all(lead == 0 for _, lead, *_ in closes), closes
+    assert all(n + 3 * 16000 > MAX_LEAD_BUFFER_S * 16000 for *_, n in closes), closes
+    assert all(context for *_, context, _, _, _ in closes), closes  # the first line: prompt
+    short, _ = two_lines(base.tokenizer)
+    assert any(lead for _, lead, kind, *_ in short if kind == "close"), short
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
 def test_a_line_whose_lead_decode_loops_is_decoded_alone(base):
     """A hypothesis that repeats itself behind a lead, and again without the prompt, is not
     retried on a 30 s window (as a line alone is): the request asks for none, the decoder
-    marks it ``looped``, and the line goes on alone at once."""
+    marks it ``looped``, and the line is closed alone at once."""
     seen, finals = two_lines(base.tokenizer, loops=True)
-    second = [entry for entry in seen if entry[0] == 2 and not entry[2]]
-    assert second[0][1] > 0 and all(lead == 0 for _, lead, *_ in second[1:]), second
+    closes = [entry for entry in seen if entry[0] == 2 and entry[2] == "close"]
+    assert len(closes) >= 2 and closes[0][1] > 0, closes
+    assert all(lead == 0 for _, lead, *_ in closes[1:]), closes
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
@@ -250,8 +254,8 @@ def test_a_long_streams_prompt_text_stays_bounded_and_leads_still_find_their_pro
 
 def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
     """End to end on loopback, two real recordings at once at 2x real time through a server
-    whose sessions decode each line with up to 6 s of the speech before it: later lines'
-    updates and closes carry their lead (probes never), and the finals read as offline's."""
+    whose sessions close each line with up to 6 s of the speech before it: later lines'
+    closes carry their lead (probes and updates never), and the finals read as offline's."""
     import asyncio
 
     from audiofast.audio import load_audio
@@ -264,7 +268,7 @@ def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
     real, seen = decoder.decode, []
 
     def decode(requests: list, *encoded) -> list:
-        seen.extend((r.probe, not r.full_window_retry) for r in requests if r.ready is None)
+        seen.extend((kind(r), not r.full_window_retry) for r in requests if r.ready is None)
         return real(requests, *encoded)
 
     decoder.decode = decode
@@ -274,8 +278,8 @@ def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
             return await asyncio.gather(*(stream_audio(url, load_audio(clips[n].audio), 2.0)
                                           for n in names))
         results = asyncio.run(run_all())
-    assert any(led for probe, led in seen if not probe), seen  # leads were decoded
-    assert not any(led for probe, led in seen if probe), seen  # ... never for a probe
+    assert any(led for what, led in seen if what == "close"), seen  # leads were decoded
+    assert not any(led for what, led in seen if what != "close"), seen  # ... for closes only
     for name, result in zip(names, results, strict=True):
         assert result.closed and not result.errors, result.events
         reference, n = clips[name].reference, len(clips[name].reference.split())

@@ -1,14 +1,15 @@
-"""Lead-in: decode a line with the speech before it (whisper_streaming's buffer, per line).
+"""Lead-in: close a line with the speech before it (whisper_streaming's buffer, per line).
 
 A short line decoded alone is heard worse than with the speech before it (a voice, a rhythm;
-evals/utterance_context.py). With ``StreamOptions.lead_in_s`` every decode of an utterance
-starts up to that much earlier, where an earlier utterance's audio is; the prompt then holds
+evals/utterance_context.py). With ``StreamOptions.lead_in_s`` an utterance's closing decode
+starts up to that much earlier, where an earlier utterance's audio is (its probes and updates
+are decoded alone: what they commit stays, the close decides the rest). The prompt then holds
 only the text before that audio (Whisper skips a phrase its prompt already holds), nothing is
 forced (the earlier text would have to be forced too, and Whisper often stopped after it),
-and the previous hypothesis of the whole buffer is the draft, so the decode stays cheap.
-Each hypothesis is then cut after the lead's text - found by the words earlier finals said in
-the lead's audio, else by aligned times - and the session sees the rest as a hypothesis of
-its own buffer.
+and the draft is the lead's text (what the last close said there) and the line's last
+hypothesis, so the decode stays cheap. The hypothesis is then cut after the lead's text -
+found by the words earlier finals said in the lead's audio, else by aligned times - and the
+session sees the rest as a hypothesis of its own buffer.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode request, runs it
 (batched with other streams) and hands the hypothesis back; events come out as dicts.
-With ``lead_in_s`` a line is decoded with the speech before it (lead_in.py).
+With ``lead_in_s`` a line's close is decoded with the speech before it (lead_in.py).
 
 - silero VAD splits the stream into utterances; audio outside them is never decoded.
 - While an utterance grows, it is re-decoded every ``min_chunk_s`` of new audio; tokens two
@@ -83,8 +83,8 @@ class Utterance:
     # The closing decode done ahead (stream sample it closes on, its hypothesis); valid while
     # nothing else was applied to the utterance since.
     early: tuple[int, Hypothesis] | None = None
-    lead: int = 0  # samples of earlier audio before ``start`` every decode hears (lead_in.py)
-    lead_tokens: list[int] = field(default_factory=list)  # what the last decode said of them
+    lead: int = 0  # samples of earlier audio before ``start`` its close hears (lead_in.py)
+    lead_tokens: list[int] = field(default_factory=list)  # what the last close said of them
 
     def drop_lead(self) -> None:
         """Decode the line alone from now on."""
@@ -190,7 +190,10 @@ class StreamSession:
             return None
         if utt.lead and not fits(utt.lead + end - utt.start):
             utt.drop_lead()  # the line is long enough to be heard alone
-        lead = utt.lead if closing or heard else 0  # a probe's text is never committed
+        # Only a close hears the lead: its text is what the line's uncommitted words become.
+        # Probes and updates are decoded alone (replayed with decode latency, a lead on every
+        # decode made the same text at 12 % more work, and its live finals came later).
+        lead = utt.lead if closing else 0
         self._in_flight = (utt, end, closed, early is not None, lead)
         j = last_segment_end(utt.committed, self.tokenizer)
         prefix = utt.committed[: j + 1] if j is not None else []
@@ -300,8 +303,8 @@ class StreamSession:
             speech_end = (utt.end or end) / SAMPLE_RATE - opts.post_roll_s - origin
             tokens, spans, probs, utt.lead_tokens, doubtful = self._lead_in.own(
                 utt.index, utt.start - lead_samples, tokens, spans, probs, lead, speech_end, tok)
-            if (closed or early) and (doubtful or utt.committed and skip_committed(
-                    utt.committed, utt.committed_end, tokens, tok, False) is None):
+            if doubtful or utt.committed and skip_committed(
+                    utt.committed, utt.committed_end, tokens, tok, False) is None:
                 # Whisper sometimes ends before the last line of its window or before the
                 # rest of it, adds words it did not hear or drops committed ones: the line
                 # is closed on its own buffer instead (found ahead, it is decoded ahead).
