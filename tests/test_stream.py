@@ -158,13 +158,15 @@ def test_first_words_and_closes_are_decoded_ahead_of_updates(server, clips):
     assert calls and all(len(flags) == 1 for flags in calls), calls
     assert {True} in calls and {False} in calls
     # urgent_first: rounds that split the two; served meanwhile: decoded between two encoder
-    # calls of the updates or beside one (urgent_between, urgent_beside). Not closed_ahead:
+    # calls of the updates or beside one (urgent_between, urgent_beside). Which of these
+    # serves a request is timing (a run with none split at a round's start happened), so the
+    # test asks for urgent decodes while updates waited, by any of them. Not closed_ahead:
     # at twice real time VAD confirms an end 0.15 s after its close comes due, before most
     # closing decodes finish, so whether one goes out ahead is timing luck (test_stream_closes
     # tests close_ahead; live at real time /health counted 13 of 28 closes at 4 sessions).
     after = {"urgent_first": stats["urgent_first"],
              "served meanwhile": stats["urgent_between"] + stats["urgent_beside"]}
-    assert all(after[key] > n for key, n in before.items()), (before, after, stats)
+    assert sum(after.values()) > sum(before.values()), (before, after, stats)
 
 
 async def _exchange(url, *messages, headers=None, reads=1):

@@ -191,11 +191,14 @@ def test_urgent_requests_say_how_long_their_user_has_waited(live, clips):
 
 def test_the_prompt_holds_the_last_context_tokens_of_closed_utterances(live, clips):
     """What closed utterances said is the next decodes' prompt, cut to ``context_tokens``;
-    0 means no prompt at all (not the whole history, as a ``[-0:]`` slice would give)."""
+    0 means no prompt at all (not the whole history, as a ``[-0:]`` slice would give). Lines
+    closed alone: a close with a lead-in stops its prompt where the lead's audio begins
+    (test_stream_lead_in.py)."""
     decoder = StreamDecoder(live)
     audio = load_audio(clips["beckett"].audio)  # six short lines
     for keep in (0, 5):
-        session = StreamSession(decoder.tokenizer, StreamOptions(context_tokens=keep))
+        session = StreamSession(decoder.tokenizer, StreamOptions(context_tokens=keep,
+                                                                 lead_in_s=0.0))
         prompts = []
         for start in range(0, len(audio), 1600):
             session.feed(audio[start:start + 1600])

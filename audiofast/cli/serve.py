@@ -40,8 +40,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-chunk", type=float, default=0.5,
                    help="seconds of new audio before a session is re-decoded")
     p.add_argument("--lead-in", type=float, default=None,
-                   help="seconds of earlier speech each line is decoded with (0: each line "
-                   "alone; default: StreamOptions.lead_in_s)")
+                   help="seconds of earlier speech a line's close is decoded with (0: each "
+                   "line alone; default: StreamOptions.lead_in_s, 8)")
     p.add_argument("--pad", type=float, default=10.0,
                    help="seconds of silence appended when encoding a buffer (30: full window)")
     p.add_argument("--probe-pad", type=float, default=4.0,

@@ -66,7 +66,7 @@ class StreamOptions:
     logprob_threshold: float = -1.0
     context_tokens: int = 64  # earlier text passed as the <|startofprev|> prompt
     early_close: bool = True  # decode the closing buffer when the silence begins
-    lead_in_s: float = 0.0  # decode a line with this much earlier speech before it (lead_in.py)
+    lead_in_s: float = 8.0  # close a line with this much earlier speech before it (lead_in.py)
 
 
 @dataclass
