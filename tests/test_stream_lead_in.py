@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from audiofast.stream.decoder import Hypothesis
+from audiofast.audio import load_audio
+from audiofast.stream.decoder import Hypothesis, StreamDecoder
 from audiofast.stream.lead_in import (
     EARLY_S,
     MAX_LEAD_BUFFER_S,
@@ -14,6 +15,7 @@ from audiofast.stream.lead_in import (
     lead_split,
     unheard_tail,
 )
+from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions, StreamSession
 from audiofast.stream.vad import SpeechDetector
 
@@ -218,9 +220,6 @@ def test_a_leads_first_draft_is_the_last_closes_words_from_the_lead_on(base):
 def test_a_lead_decodes_as_plain_greedy_and_its_drafts_save_calls(live, clips):
     """With a lead-in, the drafts (the lead's text from the last close, then each decode's)
     change nothing a session decodes, and take fewer decoder calls than greedy alone."""
-    from audiofast.audio import load_audio
-    from audiofast.stream.decoder import StreamDecoder
-    from audiofast.stream.replay import replay
 
     audio = load_audio(clips["beckett"].audio)
     plain, drafted = StreamDecoder(live, draft=False), StreamDecoder(live)
@@ -258,7 +257,6 @@ def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
     closes carry their lead (probes and updates never), and the finals read as offline's."""
     import asyncio
 
-    from audiofast.audio import load_audio
     from audiofast.eval.wer import wer
     from audiofast.stream.client import stream_audio
     from audiofast.stream.server import ServerOptions, ServerThread
@@ -286,3 +284,25 @@ def test_a_live_server_with_a_lead_in_streams_real_speech(live, base, clips):
         offline = wer(reference, base.transcribe(clips[name].audio).text)
         # Within a word of offline (a live run decodes at other moments than a replay).
         assert (wer(reference, result.text) - offline) * n <= 1, result.text
+
+
+def test_a_close_hears_its_whole_lead_while_an_earlier_close_is_late(live, clips, monkeypatch):
+    """A loaded server answers late, so a line can begin while the one before still waits
+    for its close; the later line's lead may reach back before the waiting line's buffer
+    (cut after a long sentence) and must not be dropped from the session's audio (two_cities
+    replayed with delays: four of its closes got a few stray samples instead of lead + line,
+    and were heard as "Thank you.")."""
+    seen = []
+    real = StreamSession.next_request
+
+    def next_request(self, urgent_only=False):
+        request = real(self, urgent_only)
+        if request is not None and request.ready is None:
+            utt, end, _, _, lead = self._in_flight
+            seen.append((lead, len(request.audio), end - (utt.start - lead)))
+        return request
+
+    monkeypatch.setattr(StreamSession, "next_request", next_request)
+    replay(StreamDecoder(live), load_audio(clips["two_cities"].audio), latency=(0.05, 0.9))
+    assert sum(1 for lead, *_ in seen if lead) >= 4, seen
+    assert all(n == expected for _, n, expected in seen), [s for s in seen if s[1] != s[2]]

@@ -157,13 +157,15 @@ class StreamSession:
     def _drop_old_audio(self) -> None:
         keep_s = max(self.options.pre_roll_s, self.options.lead_in_s)
         keep_from = self.received - int(keep_s * SAMPLE_RATE)
-        if self.utterances:
-            keep_from = min(keep_from, self.utterances[0].start - self.utterances[0].lead)
+        # Every waiting utterance's lead (a later line's can reach back before the start of
+        # one still waiting for its close).
+        keep_from = min([keep_from, *(u.start - u.lead for u in self.utterances)])
         if keep_from > self.audio_start:
             self.audio = self.audio[keep_from - self.audio_start:]
             self.audio_start = keep_from
 
     def _samples(self, start: int, end: int) -> np.ndarray:
+        assert start >= self.audio_start, "audio dropped before it was decoded"
         return self.audio[start - self.audio_start: end - self.audio_start]
 
     # -- decoding ----------------------------------------------------------------------
