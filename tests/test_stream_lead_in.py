@@ -85,6 +85,11 @@ def test_the_prompt_stops_where_the_leads_audio_begins():
     assert lead_in.prompt(context, 90000) == context  # all of it is before the lead
 
 
+def kind(request) -> str:
+    """A request's kind: a first-words probe, an update or a close."""
+    return "probe" if request.probe else "close" if request.urgent else "update"
+
+
 def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: bool = False
               ) -> tuple[list[tuple], list[str]]:
     """Two lines (speech at 0.32-2.24 s and from 3.52 s for ``second_s``) through a session
@@ -122,10 +127,6 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
         finals += [e["text"] for e in session.apply(request.ready or Hypothesis(
             tokens, 0.01, -0.1, False, looped=loops and lead > 0)) if e["type"] == "final"]
     return seen, finals
-
-
-def kind(request) -> str:
-    return "probe" if request.probe else "close" if request.urgent else "update"
 
 
 def test_a_lines_close_is_decoded_with_the_audio_before_it_and_no_prompt_of_it(base):
