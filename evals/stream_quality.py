@@ -161,12 +161,21 @@ def main() -> None:
     parser.add_argument("--latency", type=latency_range, default=None, metavar="MIN,MAX",
                         help="apply each hypothesis MIN-MAX s late (a loaded server)")
     parser.add_argument("--seeds", type=int, default=4, help="replays per clip with --latency")
+    parser.add_argument("--clips", nargs="+", default=None, metavar="NAME",
+                        help="replay only these clips (e.g. endgame_nagg_nell dialogue-2)")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args()
     runtime = load_model(args.model, threads=args.threads, encoder=args.encoder)
-    clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference}
+    clips = [{"name": c.name, "audio": load_audio(c.audio), "reference": c.reference,
+              "real": True}
              for c in real_speech_clips()] + dialogues(args.dialogues) \
         + dialogues(args.long_lines, lines=4, seed=1, sentences=3, words=(6, 12), name="long")
+    if args.clips:
+        unknown = set(args.clips) - {c["name"] for c in clips}
+        if unknown:
+            raise SystemExit(f"unknown clips {sorted(unknown)}: not among "
+                             f"{[c['name'] for c in clips]}")
+        clips = [c for c in clips if c["name"] in args.clips]
     ct2 = getattr(runtime, "ct2", runtime)  # auto: its CTranslate2 model
     for clip in clips:
         clip["offline"] = wer(clip["reference"], runtime.transcribe(clip["audio"]).text)
@@ -185,16 +194,18 @@ def main() -> None:
                 runs.append((run, dict(decoder.stats)))
             rows.append(clip_row(clip, runs))
         gaps = [r["wer"] - r["offline_wer"] for r in rows]
+        real = [r for r, clip in zip(rows, clips, strict=True) if clip.get("real")]
+        tts = [r for r, clip in zip(rows, clips, strict=True) if not clip.get("real")]
         result = {"config": spec, "rows": rows,
-                  "wer_real": float(np.mean([r["wer"] for r in rows[:4]])),
-                  "wer_dialogue": float(np.mean([r["wer"] for r in rows[4:]] or [np.nan])),
+                  "wer_real": float(np.mean([r["wer"] for r in real] or [np.nan])),
+                  "wer_dialogue": float(np.mean([r["wer"] for r in tts] or [np.nan])),
                   "gap_max": max(gaps), "work_per_s": float(np.mean([r["work_per_s"]
                                                                      for r in rows])),
                   "full_window": sum(r["full_window"] for r in rows),
                   **{key: sum(r[key] for r in rows) / max(1, sum(r["timed_words"] for r in rows))
                      for key in ("on_time", "start_on_time", "end_on_time")},
-                  "on_time_real": sum(r["on_time"] for r in rows[:4])
-                  / max(1, sum(r["timed_words"] for r in rows[:4]))}
+                  "on_time_real": sum(r["on_time"] for r in real)
+                  / max(1, sum(r["timed_words"] for r in real))}
         results.append(result)
         print(f"{spec}: WER real {result['wer_real']:.3f} dialogue {result['wer_dialogue']:.3f}"
               f" worst gap {result['gap_max']:+.3f}; work {result['work_per_s']:.2f} s per s,"

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from audiofast.audio import load_audio
+from audiofast.stream import lead_in
 from audiofast.stream.decoder import Hypothesis, StreamDecoder
 from audiofast.stream.lead_in import (
     EARLY_S,
     MAX_LEAD_BUFFER_S,
+    MIN_RETRY_LEAD_S,
     LeadIn,
     drop_lead,
     lead_split,
@@ -145,17 +147,36 @@ def test_a_lines_close_is_decoded_with_the_audio_before_it_and_no_prompt_of_it(b
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
-def test_a_close_that_stops_before_its_line_is_decoded_again_alone(base):
+def test_a_close_that_stops_before_its_line_is_decoded_again_with_half_its_lead_then_alone(
+        base, monkeypatch):
     """Behind a lead Whisper sometimes ends its transcript before the line's last words: such
-    a close is not applied; the line is closed on its own buffer (no lead, its prompt), and
-    when that was found on the close decoded ahead, the alone-close is decoded ahead too."""
+    a close is not applied; the line's close is decoded again with half the lead (whole
+    steps) while that is at least ``MIN_RETRY_LEAD_S``, then on its own buffer (no lead, its
+    prompt), and when that was found on the close decoded ahead, the next is decoded ahead."""
+    monkeypatch.setattr(lead_in, "MIN_RETRY_LEAD_S", 1.0)  # the 3.3 s lead two_lines allows
     seen, finals = two_lines(base.tokenizer, stops_early=True)
-    second = [entry for entry in seen if entry[0] == 2]
-    assert second[-1][1] == 0, second  # the last: alone
-    assert second[-1][3] != [], second  # ... with the first line's text as its prompt
-    assert second[-1][5], second  # ... answered by the alone-close decoded ahead
-    assert any(lead > 0 for _, lead, *_ in second[:-1]), second
+    closes = [entry for entry in seen if entry[0] == 2 and entry[2] == "close"]
+    leads = list(dict.fromkeys(lead for _, lead, *_ in closes))  # each lead tried, in order
+    assert len(leads) == 3 and leads[-1] == 0, closes
+    assert leads[1] == leads[0] // 2 // 320 * 320 >= 16000, leads  # half, still >= 1 s
+    assert closes[-1][3] != [], closes  # alone: the first line's text is its prompt
+    assert closes[-1][5], closes  # ... answered by the alone-close decoded ahead
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+    # With the default minimum, a lead this short is not halved: the next close is alone.
+    monkeypatch.undo()
+    seen, finals = two_lines(base.tokenizer, stops_early=True)
+    leads = list(dict.fromkeys(lead for utt, lead, kind, *_ in seen
+                               if utt == 2 and kind == "close"))
+    assert len(leads) == 2 and leads[-1] == 0, seen
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_a_retry_lead_is_half_the_lead_in_whole_steps_down_to_its_minimum():
+    lead = LeadIn(8.0)
+    assert lead.shorter(8 * 16000) == 4 * 16000
+    assert lead.shorter(5 * 16000 + 320) % 320 == 0 and lead.shorter(5 * 16000) == 40000
+    assert lead.shorter(int(2 * MIN_RETRY_LEAD_S * 16000) - 640) == 0  # half is under it
+    assert lead.shorter(0) == 0
 
 
 def test_a_long_line_is_closed_alone(base):

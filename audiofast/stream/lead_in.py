@@ -31,6 +31,8 @@ EARLY_S = 0.5  # a lead's draft starts with the words ending this near before th
 # (decoder.py: PADDED_BUFFER_S + the 10 s pad, less its 2 s minimum): past that each decode
 # would cost a longer window, and the line is long enough to be heard alone.
 MAX_LEAD_BUFFER_S = 12.0
+RETRY_FRACTION = 0.5  # a doubtful close is decoded again with this much of its lead ...
+MIN_RETRY_LEAD_S = 2.0  # ... while the lead stays this long, then alone
 
 
 class LeadIn:
@@ -54,6 +56,13 @@ class LeadIn:
         if not self.seconds or self.speech_end < lead_from + MIN_LEAD_SPEECH_S * SAMPLE_RATE:
             return 0
         return (start - lead_from) // STEP * STEP
+
+    def shorter(self, lead: int) -> int:
+        """The lead a close is decoded again with when the one it had was doubtful: Whisper
+        behind a long lead sometimes ends its transcript before a short last line, and a
+        shorter lead is often heard through where the line alone is misheard. 0: alone."""
+        lead = int(lead * RETRY_FRACTION) // STEP * STEP
+        return lead if lead >= MIN_RETRY_LEAD_S * SAMPLE_RATE else 0
 
     def retire(self, context_length: int, until: int) -> None:
         """Text is becoming prompt context after ``context_length`` tokens; its audio ended at

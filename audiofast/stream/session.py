@@ -86,9 +86,9 @@ class Utterance:
     lead: int = 0  # samples of earlier audio before ``start`` its close hears (lead_in.py)
     lead_tokens: list[int] = field(default_factory=list)  # what the last close said of them
 
-    def drop_lead(self) -> None:
-        """Decode the line alone from now on."""
-        self.lead, self.lead_tokens = 0, []
+    def drop_lead(self, keep: int = 0) -> None:
+        """Decode the line alone from now on (or with only ``keep`` samples of lead)."""
+        self.lead, self.lead_tokens = keep, []
 
 
 class StreamSession:
@@ -308,9 +308,9 @@ class StreamSession:
             if doubtful or utt.committed and skip_committed(
                     utt.committed, utt.committed_end, tokens, tok, False) is None:
                 # Whisper sometimes ends before the last line of its window or before the
-                # rest of it, adds words it did not hear or drops committed ones: the line
-                # is closed on its own buffer instead (found ahead, it is decoded ahead).
-                utt.drop_lead()
+                # rest of it, adds words it did not hear or drops committed ones: it is
+                # decoded again with a shorter lead, then alone (found ahead: ahead).
+                utt.drop_lead(keep=self._lead_in.shorter(utt.lead))
                 return []
             if early:
                 utt.early, utt.decoded_to = (end, hyp), end
