@@ -23,7 +23,8 @@ buffer), ``probe`` (... to a buffer searched for an utterance's first words), ``
 loop: ``full`` re-decodes at 30 s without the prompt; ``prompt`` first at the same window
 without the prompt), and the StreamOptions ``chunk`` (min_chunk_s), ``first``
 (first_chunk_s), ``trim`` (trim_after_s), ``margin`` (commit_margin_s), ``early``
-(early_close, 0/1), ``context`` (context_tokens), ``lead`` (lead_in_s).
+(early_close, 0/1), ``context`` (context_tokens), ``lead`` (lead_in_s), ``hold``
+(first_commit_s).
 
 ``--latency MIN,MAX`` replays each clip ``--seeds`` times with every hypothesis applied a
 random MIN-MAX s late (stream/replay.py), as on a loaded server: the WER and work reported
@@ -60,7 +61,8 @@ VOICES = ("flite:slt", "espeak-ng:en-us", "piper:joe", "flite:kal")
 OPTION_KEYS = {"chunk": ("min_chunk_s", float), "first": ("first_chunk_s", float),
                "trim": ("trim_after_s", float), "margin": ("commit_margin_s", float),
                "early": ("early_close", lambda v: v not in ("0", "false")),
-               "context": ("context_tokens", int), "lead": ("lead_in_s", float)}
+               "context": ("context_tokens", int), "lead": ("lead_in_s", float),
+               "hold": ("first_commit_s", float)}
 
 
 def parse_config(spec: str) -> tuple[dict, dict]:

@@ -92,7 +92,8 @@ def kind(request) -> str:
     return "probe" if request.probe else "close" if request.urgent else "update"
 
 
-def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: bool = False
+def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: bool = False,
+              hold_s: float = 0.0, finals_by: list | None = None
               ) -> tuple[list[tuple], list[str]]:
     """Two lines (speech at 0.32-2.24 s and from 3.52 s for ``second_s``) through a session
     with a 3 s lead-in, each decode answered with a made-up hypothesis: the first line's
@@ -101,11 +102,13 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
     ``looped``, as the decoder returns one that repeats itself). Each sample's value is its
     index, so a request's audio tells where it starts. Returns (utterance, the request's lead
     in samples, its kind - probe, update or close -, context, prefix, answered by the close
-    decoded ahead, audio samples) per request, and the finals."""
+    decoded ahead, audio samples) per request, and the finals (each also appended to
+    ``finals_by`` as (utterance, the kind of request whose hypothesis made it, text)).
+    ``hold_s``: ``StreamOptions.first_commit_s``."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
         10 <= (i := next(chunks)) < 70 or 110 <= i < 110 + second_s / 0.032))  # 32 ms chunks
-    session = StreamSession(tok, StreamOptions(lead_in_s=3.0), detector)
+    session = StreamSession(tok, StreamOptions(lead_in_s=3.0, first_commit_s=hold_s), detector)
     ts = tok.timestamp_begin
     seen, finals = [], []
     for frame in range(int(10 * (5 + second_s))):  # in 0.1 s frames
@@ -126,8 +129,11 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
         else:
             tokens = [ts, *tok.encode(" Ever tried."), ts + lead - 25, ts + lead + 15,
                       *tok.encode(" Ever failed."), ts + lead + 110]
-        finals += [e["text"] for e in session.apply(request.ready or Hypothesis(
+        made = [e["text"] for e in session.apply(request.ready or Hypothesis(
             tokens, 0.01, -0.1, False, looped=loops and lead > 0)) if e["type"] == "final"]
+        finals += made
+        if finals_by is not None:
+            finals_by += [(utt.index, kind(request), text) for text in made]
     return seen, finals
 
 
@@ -177,6 +183,20 @@ def test_a_retry_lead_is_half_the_lead_in_whole_steps_down_to_its_minimum():
     assert lead.shorter(5 * 16000 + 320) % 320 == 0 and lead.shorter(5 * 16000) == 40000
     assert lead.shorter(int(2 * MIN_RETRY_LEAD_S * 16000) - 640) == 0  # half is under it
     assert lead.shorter(0) == 0
+
+
+def test_a_short_line_with_a_lead_commits_nothing_before_its_close(base):
+    """With ``first_commit_s`` an utterance whose close will hear a lead commits no word
+    while its buffer is shorter: the close, heard with the speech before it, says all of a
+    short line (updates alone agree on misheard first words of short buffers). The first
+    line, which has no lead, commits as it goes; without the hold the second does too."""
+    held, free = [], []
+    _, finals = two_lines(base.tokenizer, hold_s=2.5, finals_by=held)
+    two_lines(base.tokenizer, finals_by=free)
+    assert {kind for utt, kind, _ in held if utt == 2} == {"close"}, held
+    assert "update" in {kind for utt, kind, _ in free if utt == 2}, free
+    assert "update" in {kind for utt, kind, _ in held if utt == 1}, held
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 
 def test_a_long_line_is_closed_alone(base):

@@ -57,6 +57,10 @@ class StreamOptions:
     # first words are what a user waits for.
     first_chunk_s: float = 0.25
     commit_margin_s: float = 0.5  # never commit words this close to the buffer end
+    # A line whose close hears a lead commits nothing before its buffer holds this much: the
+    # close, heard with the speech before it, says all of a short line (two short buffers
+    # alone agree on misheard first words: "That's a good story" for "Ah, that's ...").
+    first_commit_s: float = 2.5
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
     pre_roll_s: float = 0.25  # audio kept before the VAD onset
@@ -330,6 +334,8 @@ class StreamSession:
             agreed = len(tail)
         else:  # agreed twice, and not in the last moments of audio the model has heard
             agreed = agreed_length(utt.previous, tail, 0, tok)
+            if not utt.committed and utt.lead and duration < opts.first_commit_s:
+                agreed = 0  # a short line is decided by its close, heard with its lead
             limit = duration - opts.commit_margin_s
             while agreed and (spans[done + agreed - 1][1] > limit
                               or not starts_word(tok, tail[agreed])):
