@@ -57,9 +57,8 @@ class StreamOptions:
     # first words are what a user waits for.
     first_chunk_s: float = 0.25
     commit_margin_s: float = 0.5  # never commit words this close to the buffer end
-    # A line whose close hears a lead commits nothing before its buffer holds this much: the
-    # close, heard with the speech before it, says all of a short line (two short buffers
-    # alone agree on misheard first words: "That's a good story" for "Ah, that's ...").
+    # A line whose close hears a lead commits nothing while shorter: that close says all of a
+    # short line (two short buffers alone agree on misheard first words: "That's a good story").
     first_commit_s: float = 2.5
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
@@ -311,8 +310,7 @@ class StreamSession:
                 utt.index, utt.start - lead_samples, tokens, spans, probs, lead, speech_end, tok)
             if doubtful or utt.committed and skip_committed(
                     utt.committed, utt.committed_end, tokens, tok, False) is None:
-                # Whisper sometimes ends before the last line of its window or before the
-                # rest of it, adds words it did not hear or drops committed ones: it is
+                # Whisper ended early, added words it did not hear or dropped committed ones:
                 # decoded again with a shorter lead, then alone (found ahead: ahead).
                 utt.drop_lead(keep=self._lead_in.shorter(utt.lead))
                 return []
