@@ -15,6 +15,7 @@ from audiofast.stream.lead_in import (
     LeadIn,
     drop_lead,
     lead_split,
+    retry_lead,
     unheard_tail,
 )
 from audiofast.stream.replay import replay
@@ -178,11 +179,10 @@ def test_a_close_that_stops_before_its_line_is_decoded_again_with_half_its_lead_
 
 
 def test_a_retry_lead_is_half_the_lead_in_whole_steps_down_to_its_minimum():
-    lead = LeadIn(8.0)
-    assert lead.shorter(8 * 16000) == 4 * 16000
-    assert lead.shorter(5 * 16000 + 320) % 320 == 0 and lead.shorter(5 * 16000) == 40000
-    assert lead.shorter(int(2 * MIN_RETRY_LEAD_S * 16000) - 640) == 0  # half is under it
-    assert lead.shorter(0) == 0
+    assert retry_lead(8 * 16000) == 4 * 16000
+    assert retry_lead(5 * 16000 + 320) % 320 == 0 and retry_lead(5 * 16000) == 40000
+    assert retry_lead(int(2 * MIN_RETRY_LEAD_S * 16000) - 640) == 0  # half is under it
+    assert retry_lead(0) == 0
 
 
 def test_a_short_line_with_a_lead_commits_nothing_before_its_close(base):

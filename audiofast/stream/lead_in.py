@@ -57,13 +57,6 @@ class LeadIn:
             return 0
         return (start - lead_from) // STEP * STEP
 
-    def shorter(self, lead: int) -> int:
-        """The lead a close is decoded again with when the one it had was doubtful: Whisper
-        behind a long lead sometimes ends its transcript before a short last line, and a
-        shorter lead is often heard through where the line alone is misheard. 0: alone."""
-        lead = int(lead * RETRY_FRACTION) // STEP * STEP
-        return lead if lead >= MIN_RETRY_LEAD_S * SAMPLE_RATE else 0
-
     def retire(self, context_length: int, until: int) -> None:
         """Text is becoming prompt context after ``context_length`` tokens; its audio ended at
         stream sample ``until``."""
@@ -119,6 +112,14 @@ class LeadIn:
 def fits(samples: int) -> bool:
     """Whether a buffer of lead + line this long (samples) still decodes with its lead."""
     return samples <= MAX_LEAD_BUFFER_S * SAMPLE_RATE
+
+
+def retry_lead(lead: int) -> int:
+    """The lead (samples) a close is decoded again with when the one it had was doubtful:
+    behind a long lead Whisper sometimes ends before a short last line, and a shorter lead is
+    often heard through where the line alone is misheard. 0: alone."""
+    lead = int(lead * RETRY_FRACTION) // STEP * STEP
+    return lead if lead >= MIN_RETRY_LEAD_S * SAMPLE_RATE else 0
 
 
 def lead_split(tokens: list[int], spans: list[tuple[float, float]], lead_s: float,

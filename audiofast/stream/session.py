@@ -2,12 +2,11 @@
 
 Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode request, runs it
 (batched with other streams) and hands the hypothesis back; events come out as dicts.
-With ``lead_in_s`` a line's close is decoded with the speech before it (lead_in.py).
 
 - silero VAD splits the stream into utterances; audio outside them is never decoded.
 - While an utterance grows, it is re-decoded every ``min_chunk_s`` of new audio; tokens two
-  consecutive hypotheses agree on are committed (``final`` events) and forced as the prefix
-  of later decodes, the rest is the ``partial``.
+  consecutive hypotheses agree on are committed (``final`` events) and forced as the prefix of
+  later decodes, the rest is the ``partial``.
 - Past ``trim_after_s`` the buffer is cut at the end of a committed Whisper segment, so the
   work per update stays bounded; ``max_utterance_s`` force-commits if no cut point appears.
 - When VAD hears the utterance end, one last decode commits everything left. That decode
@@ -15,6 +14,7 @@ With ``lead_in_s`` a line's close is decoded with the speech before it (lead_in.
   the buffer it would close on is decoded; if VAD then confirms the end at that sample, the
   hypothesis is already there, so the final costs the confirmation wait, not wait + decode
   (``close_ahead``: the server then applies it without waiting for a decode round).
+  With ``lead_in_s`` a line's close is decoded with the speech before it (lead_in.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from audiofast.stream.agreement import (
 )
 from audiofast.stream.decoder import DecodeRequest, Hypothesis
 from audiofast.stream.final_words import FinalWords, timed_words
-from audiofast.stream.lead_in import LeadIn, fits
+from audiofast.stream.lead_in import LeadIn, fits, retry_lead
 from audiofast.stream.vad import SAMPLE_RATE, SpeechDetector, VadEvent
 
 KEEP_CONTEXT = 512  # earlier text tokens kept for prompts (each takes its last 64 at most)
@@ -195,9 +195,7 @@ class StreamSession:
             return None
         if utt.lead and not fits(utt.lead + end - utt.start):
             utt.drop_lead()  # the line is long enough to be heard alone
-        # Only a close hears the lead: its text is what the line's uncommitted words become.
-        # Probes and updates are decoded alone (replayed with decode latency, a lead on every
-        # decode made the same text at 12 % more work, and its live finals came later).
+        # Only a close hears the lead; probes and updates are decoded alone (streaming-log.md).
         lead = utt.lead if closing else 0
         self._in_flight = (utt, end, closed, early is not None, lead)
         j = last_segment_end(utt.committed, self.tokenizer)
@@ -312,7 +310,7 @@ class StreamSession:
                     utt.committed, utt.committed_end, tokens, tok, False) is None:
                 # Whisper ended early, added words it did not hear or dropped committed ones:
                 # decoded again with a shorter lead, then alone (found ahead: ahead).
-                utt.drop_lead(keep=self._lead_in.shorter(utt.lead))
+                utt.drop_lead(keep=retry_lead(utt.lead))
                 return []
             if early:
                 utt.early, utt.decoded_to = (end, hyp), end
