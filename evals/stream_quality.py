@@ -62,7 +62,7 @@ OPTION_KEYS = {"chunk": ("min_chunk_s", float), "first": ("first_chunk_s", float
                "trim": ("trim_after_s", float), "margin": ("commit_margin_s", float),
                "early": ("early_close", lambda v: v not in ("0", "false")),
                "context": ("context_tokens", int), "lead": ("lead_in_s", float),
-               "hold": ("first_commit_s", float)}
+               "hold": ("first_commit_s", float), "minp": ("commit_min_prob", float)}
 
 
 def parse_config(spec: str) -> tuple[dict, dict]:

@@ -94,8 +94,8 @@ def kind(request) -> str:
 
 
 def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: bool = False,
-              hold_s: float = 0.0, finals_by: list | None = None
-              ) -> tuple[list[tuple], list[str]]:
+              hold_s: float = 0.0, finals_by: list | None = None,
+              first_probs: list[float] | None = None) -> tuple[list[tuple], list[str]]:
     """Two lines (speech at 0.32-2.24 s and from 3.52 s for ``second_s``) through a session
     with a 3 s lead-in, each decode answered with a made-up hypothesis: the first line's
     text, and for the second the lead's words then its own (``stops_early``: a lead decode's
@@ -105,11 +105,13 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
     in samples, its kind - probe, update or close -, context, prefix, answered by the close
     decoded ahead, audio samples) per request, and the finals (each also appended to
     ``finals_by`` as (utterance, the kind of request whose hypothesis made it, text)).
-    ``hold_s``: ``StreamOptions.first_commit_s``."""
+    ``hold_s``: ``StreamOptions.first_commit_s``; ``first_probs``: the first line's text
+    tokens' probabilities (as the alignment gives them), and ``commit_min_prob`` 0.5."""
     chunks = iter(range(10**6))
     detector = SpeechDetector(model=lambda chunk: float(
         10 <= (i := next(chunks)) < 70 or 110 <= i < 110 + second_s / 0.032))  # 32 ms chunks
-    session = StreamSession(tok, StreamOptions(lead_in_s=3.0, first_commit_s=hold_s), detector)
+    session = StreamSession(tok, StreamOptions(lead_in_s=3.0, first_commit_s=hold_s,
+                                               commit_min_prob=0.5), detector)
     ts = tok.timestamp_begin
     seen, finals = [], []
     for frame in range(int(10 * (5 + second_s))):  # in 0.1 s frames
@@ -130,8 +132,10 @@ def two_lines(tok, stops_early: bool = False, second_s: float = 1.92, loops: boo
         else:
             tokens = [ts, *tok.encode(" Ever tried."), ts + lead - 25, ts + lead + 15,
                       *tok.encode(" Ever failed."), ts + lead + 110]
+        probs = first_probs if utt.index == 1 else None
         made = [e["text"] for e in session.apply(request.ready or Hypothesis(
-            tokens, 0.01, -0.1, False, looped=loops and lead > 0)) if e["type"] == "final"]
+            tokens, 0.01, -0.1, False, text_probs=probs, looped=loops and lead > 0))
+            if e["type"] == "final"]
         finals += made
         if finals_by is not None:
             finals_by += [(utt.index, kind(request), text) for text in made]
@@ -196,6 +200,22 @@ def test_a_short_line_with_a_lead_commits_nothing_before_its_close(base):
     assert {kind for utt, kind, _ in held if utt == 2} == {"close"}, held
     assert "update" in {kind for utt, kind, _ in free if utt == 2}, free
     assert "update" in {kind for utt, kind, _ in held if utt == 1}, held
+    assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
+
+
+def test_a_word_the_model_is_unsure_of_waits_for_more_audio_or_the_close(base):
+    """Two updates that agree on a word the model gives a low probability do not commit it,
+    nor anything after it: a later update, or the close, says it. Sure words commit as the
+    updates agree on them."""
+    tok = base.tokenizer
+    n = len(tok.encode(" Ever tried."))
+    sure, unsure = [], []
+    two_lines(tok, finals_by=sure, first_probs=[0.9] * n)
+    _, finals = two_lines(tok, finals_by=unsure, first_probs=[0.3] + [0.9] * (n - 1))
+    assert [(kind, text) for utt, kind, text in sure if utt == 1] == [
+        ("update", "Ever"), ("close", "tried.")], sure  # "tried." is in the last 0.5 s
+    assert [(kind, text) for utt, kind, text in unsure if utt == 1] == [
+        ("close", "Ever tried.")], unsure
     assert " ".join(finals).split() == ["Ever", "tried.", "Ever", "failed."], finals
 
 

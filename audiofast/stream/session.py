@@ -60,6 +60,9 @@ class StreamOptions:
     # A line whose close hears a lead commits nothing while shorter: that close says all of a
     # short line (two short buffers alone agree on misheard first words: "That's a good story").
     first_commit_s: float = 2.5
+    # Agreed words are committed only up to one the model gives a lower probability: a
+    # mishearing two short buffers agree on is often an unsure one, and more audio mends it.
+    commit_min_prob: float = 0.5
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
     pre_roll_s: float = 0.25  # audio kept before the VAD onset
@@ -333,6 +336,8 @@ class StreamSession:
             if not utt.committed and utt.lead and duration < opts.first_commit_s:
                 agreed = 0  # a short line is decided by its close, heard with its lead
             limit = duration - opts.commit_margin_s
+            agreed = next((i for i in range(agreed) if probs[done + i] is not None
+                           and probs[done + i] < opts.commit_min_prob), agreed)
             while agreed and (spans[done + agreed - 1][1] > limit
                               or not starts_word(tok, tail[agreed])):
                 agreed -= 1
