@@ -5,16 +5,14 @@ Pure bookkeeping, no I/O: the server feeds audio, asks for the next decode reque
 
 - silero VAD splits the stream into utterances; audio outside them is never decoded.
 - While an utterance grows, it is re-decoded every ``min_chunk_s`` of new audio; tokens two
-  consecutive hypotheses agree on are committed (``final`` events) and forced as the prefix of
-  later decodes, the rest is the ``partial``.
+  consecutive hypotheses agree on, up to a word the model is unsure of, are committed
+  (``final`` events) and forced as the prefix of later decodes, the rest is the ``partial``.
 - Past ``trim_after_s`` the buffer is cut at the end of a committed Whisper segment, so the
   work per update stays bounded; ``max_utterance_s`` force-commits if no cut point appears.
-- When VAD hears the utterance end, one last decode commits everything left. That decode
-  starts early: as soon as the silence that may end the utterance begins (plus the post-roll),
-  the buffer it would close on is decoded; if VAD then confirms the end at that sample, the
-  hypothesis is already there, so the final costs the confirmation wait, not wait + decode
-  (``close_ahead``: the server then applies it without waiting for a decode round).
-  With ``lead_in_s`` a line's close is decoded with the speech before it (lead_in.py).
+- When VAD hears the utterance end, one last decode commits everything left. It is decoded
+  ahead, when the silence that may end the utterance begins (plus the post-roll): if VAD
+  confirms the end at that sample, the final costs the confirmation wait, not wait + decode
+  (``close_ahead``). With ``lead_in_s`` a line's close hears the speech before it (lead_in.py).
 """
 
 from __future__ import annotations
@@ -57,11 +55,9 @@ class StreamOptions:
     # first words are what a user waits for.
     first_chunk_s: float = 0.25
     commit_margin_s: float = 0.5  # never commit words this close to the buffer end
-    # A line whose close hears a lead commits nothing while shorter: that close says all of a
-    # short line (two short buffers alone agree on misheard first words: "That's a good story").
+    # A line whose close hears a lead commits nothing while shorter: its close says it all.
     first_commit_s: float = 2.5
-    # Agreed words are committed only up to one the model gives a lower probability: a
-    # mishearing two short buffers agree on is often an unsure one, and more audio mends it.
+    # Agreed words commit only up to one the model is less sure of: more audio mends those.
     commit_min_prob: float = 0.5
     trim_after_s: float = 10.0  # then cut the buffer at a committed segment end
     max_utterance_s: float = 24.0  # force-commit beyond this: bounded work per update
