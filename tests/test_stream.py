@@ -5,19 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+import audiofast.stream
 from audiofast.audio import load_audio
 from audiofast.eval.tts import synthesize
 from audiofast.eval.wer import wer
 from audiofast.stream.agreement import agreed_length, token_spans
 from audiofast.stream.client import stream_audio
-from audiofast.stream.protocol import AudioDecoder, ProtocolError, StartConfig, parse_start
+from audiofast.stream.protocol import (
+    ATTACHED,
+    AudioDecoder,
+    ProtocolError,
+    StartConfig,
+    join_finals,
+    parse_start,
+)
 from audiofast.stream.server import ServerOptions, ServerThread
 
 LANGS = {"en", "fr"}
@@ -32,6 +42,18 @@ def test_agreement_commits_agreed_whole_words(base):
     assert tok.decode(cur[:n]) == " I think that"  # "America" agrees as a prefix of a word only
     assert agreed_length(prev, cur, n, tok) == n  # nothing new to commit
     assert agreed_length(cur, cur, 0, tok) < len(cur)  # the last word may still grow
+
+
+def test_finals_join_with_a_space_except_before_punctuation():
+    """A later decode may put a comma after a word an earlier final committed: that final
+    opens with ", " and must not read "today , will". The web page joins by the same rule."""
+    assert join_finals(["Someone whom you reject today", ", will reject you tomorrow.",
+                        "The end."]) == "Someone whom you reject today, will reject you " \
+                                        "tomorrow. The end."
+    assert join_finals([]) == "" and join_finals([", odd start"]) == ", odd start"
+    page = (Path(audiofast.stream.__file__).parent / "web" / "index.html").read_text()
+    marks = re.search(r"/\^\[(.*?)\]/\.test\(ev\.text\)", page).group(1).replace("\\", "")
+    assert set(marks) == ATTACHED, marks
 
 
 def test_token_spans_spread_text_inside_its_segment(base):

@@ -16,6 +16,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from audiofast.audio import SAMPLE_RATE, AudioSource, load_audio
+from audiofast.stream.protocol import join_finals
 
 
 @dataclass
@@ -32,7 +33,7 @@ class StreamResult:
 
     @property
     def text(self) -> str:
-        return " ".join(e["text"] for e in self.finals)
+        return join_finals(e["text"] for e in self.finals)
 
     @property
     def closed(self) -> bool:

@@ -8,6 +8,7 @@ The README documents it with examples; a WhisperLive-compatible dialect is mappe
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,18 @@ ENCODINGS = {"pcm_s16le": np.dtype("<i2"), "pcm_f32le": np.dtype("<f4")}
 ALIASES = {"int16": "pcm_s16le", "s16le": "pcm_s16le", "float32": "pcm_f32le", "f32le": "pcm_f32le"}
 MIN_RATE, MAX_RATE = 8000, 192000
 END_OF_AUDIO = b"END_OF_AUDIO"  # WhisperLive's end marker (a binary frame)
+
+
+ATTACHED = frozenset(",.;:!?)]}%")  # marks that follow a word without a space
+
+
+def join_finals(texts: Iterable[str]) -> str:
+    """The transcript of ``final`` texts: one space between them, none before a final that
+    opens with punctuation (a later decode may put a comma after an already committed word)."""
+    out = ""
+    for text in texts:
+        out += text if not out or text[:1] in ATTACHED else " " + text
+    return out
 
 
 class ProtocolError(ValueError):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from audiofast.stream.decoder import Hypothesis, StreamDecoder
+from audiofast.stream.protocol import join_finals
 from audiofast.stream.session import StreamOptions, StreamSession
 from audiofast.stream.vad import SAMPLE_RATE
 
@@ -34,7 +35,7 @@ class Replay:
 
     @property
     def text(self) -> str:
-        return " ".join(e["text"] for e in self.finals)
+        return join_finals(e["text"] for e in self.finals)
 
 
 def replay(decoder: StreamDecoder, audio: np.ndarray, options: StreamOptions | None = None,
