@@ -44,7 +44,7 @@ from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import GreedySearch, LogitRules, greedy_decode_batch
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
-from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio
+from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio, repeated_run
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.word_timing import token_times
 from audiofast.audio import SAMPLE_RATE
@@ -57,6 +57,7 @@ BUCKET_S = 2  # encoder windows come in steps of this many seconds
 # but +1.6 to +3.7 points on three clips).
 PADDED_BUFFER_S = 4.0
 MIN_PAD_S = 2.0
+MAX_REPEATS = 4  # a phrase said this many times back to back is a loop (real speech: "no, no, no")
 
 
 @dataclass
@@ -191,7 +192,8 @@ class StreamDecoder:
     def _looks_looped(self, request: DecodeRequest, hyp: Hypothesis) -> bool:
         limit = MAX_TOKENS_PER_SECOND * len(request.audio) / SAMPLE_RATE + 10
         text = self.tokenizer.decode(hyp.tokens)
-        return len(hyp.tokens) > limit or compression_ratio(text) > 2.4
+        return (len(hyp.tokens) > limit or compression_ratio(text) > 2.4
+                or repeated_run(text) >= MAX_REPEATS)
 
     def _decode(self, requests: list[DecodeRequest], frames: list[int],
                 outputs: list[np.ndarray] | None = None) -> list[Hypothesis]:
