@@ -1,11 +1,13 @@
-"""Is a short utterance heard better with the audio before it? (the live WER gap's cause)
+"""Is a short utterance heard better with the audio around it? (the live WER gap's cause)
 
     python evals/utterance_context.py --context 0 4 10 20 --dialogues 8
+    python evals/utterance_context.py --context 8 --after 0 0.5 1 2   # lookahead
 
 Offline, no live policy: each clip (endgame and the TTS dialogues of stream_quality.py) is cut
 into utterances by the live server's VAD, with its pre- and post-roll. Each utterance is then
 transcribed (the offline runtime, default options, the earlier utterances' text as the
-prompt) alone, or from ``--context`` seconds earlier, keeping the words whose aligned middle
+prompt) alone, or from ``--context`` seconds earlier (and to ``--after`` seconds past its end:
+what a close that waited for more audio would hear), keeping the words whose aligned middle
 falls in the utterance. Printed: WER of the joined utterances per clip and the mean, beside
 transcribing the whole clip at once.
 """
@@ -40,17 +42,19 @@ def utterance_buffers(audio: np.ndarray) -> list[tuple[int, int]]:
     return buffers
 
 
-def transcribe_utterances(runtime, audio: np.ndarray, context_s: float) -> str:
+def transcribe_utterances(runtime, audio: np.ndarray, context_s: float,
+                          after_s: float = 0.0) -> str:
     texts: list[str] = []
     for begin, end in utterance_buffers(audio):
         start = max(0, begin - int(context_s * SAMPLE_RATE))
+        stop = min(len(audio), end + int(after_s * SAMPLE_RATE))
         prompt = " ".join(texts)[-200:] or None
         options = TranscribeOptions(initial_prompt=prompt, condition_on_previous_text=False,
                                     word_timestamps=True)
-        result = runtime.transcribe(audio[start:end], options)
-        cut = (begin - start) / SAMPLE_RATE
+        result = runtime.transcribe(audio[start:stop], options)
+        cut, until = (begin - start) / SAMPLE_RATE, (end - start) / SAMPLE_RATE
         texts.append("".join(w.word for s in result.segments for w in (s.words or [])
-                             if (w.start + w.end) / 2 >= cut).strip())
+                             if cut <= (w.start + w.end) / 2 < until).strip())
     return " ".join(texts)
 
 
@@ -58,6 +62,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="whisper-base")
     parser.add_argument("--context", nargs="+", type=float, default=[0.0, 10.0])
+    parser.add_argument("--after", nargs="+", type=float, default=[0.0],
+                        help="seconds of audio past each utterance's end it is decoded with")
     parser.add_argument("--dialogues", type=int, default=8)
     parser.add_argument("--long-lines", type=int, default=0,
                         help="dialogues of three-sentence lines (stream_quality.py's)")
@@ -71,11 +77,13 @@ def main() -> None:
     if args.long_lines:
         clips += dialogues(args.long_lines, lines=4, seed=1, sentences=3, words=(6, 12),
                            name="long")
-    rows = {f"context {c:g} s": [] for c in args.context} | {"whole clip": []}
+    settings = [(c, a) for c in args.context for a in args.after]
+    name = {(c, a): f"context {c:g} s" + (f", after {a:g} s" if a else "") for c, a in settings}
+    rows = {name[s]: [] for s in settings} | {"whole clip": []}
     for clip in clips:
-        for context in args.context:
-            text = transcribe_utterances(runtime, clip["audio"], context)
-            rows[f"context {context:g} s"].append(wer(clip["reference"], text))
+        for context, after in settings:
+            text = transcribe_utterances(runtime, clip["audio"], context, after)
+            rows[name[context, after]].append(wer(clip["reference"], text))
         rows["whole clip"].append(wer(clip["reference"], runtime.transcribe(clip["audio"]).text))
     print("| utterances decoded | " + " | ".join(c["name"] for c in clips) + " | mean |")
     print("|---" * (len(clips) + 2) + "|")
