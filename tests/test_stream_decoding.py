@@ -9,12 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from audiofast.asr.longform import compression_ratio, repeated_run
 from audiofast.asr.options import TranscribeOptions
 from audiofast.audio import load_audio
 from audiofast.eval.wer import normalize, wer, word_pairs
 from audiofast.stream.agreement import skip_committed
-from audiofast.stream.decoder import MAX_REPEATS, DecodeRequest, Hypothesis, StreamDecoder
+from audiofast.stream.decoder import DecodeRequest, Hypothesis, StreamDecoder
 from audiofast.stream.replay import replay
 from audiofast.stream.session import StreamOptions, StreamSession
 from audiofast.stream.vad import SpeechDetector
@@ -223,49 +222,6 @@ def test_output_without_the_forced_prefix_is_an_error_not_patched(base):
     request = DecodeRequest(np.zeros(32000, np.float32), [], "en", "transcribe", prefix)
     with pytest.raises(RuntimeError, match="forced prefix"):
         StreamDecoder(runtime).decode([request])  # type: ignore[arg-type]
-
-
-def test_a_looped_hypothesis_is_retried_without_the_prompt_first(live, clips):
-    """A hypothesis that repeats itself (short buffers copy their prompt) is decoded again
-    without the prompt on the same window; only if that loops too at 30 s."""
-    decoder = StreamDecoder(live)
-    tok = decoder.tokenizer
-    audio = load_audio(clips["beckett"].audio)[:16000 * 2]
-    request = DecodeRequest(audio, tok.encode(" It was the best of times."), "en", "transcribe")
-    looped = Hypothesis([tok.timestamp_begin, *tok.encode(" Ever tried." * 8)], 0.01, -0.2,
-                        False)
-    hyp = decoder._unloop(request, looped)
-    assert decoder.stats["prompt_retry"] == 1 and decoder.stats["full_window"] == 0
-    assert not hyp.full_window and "tried" in tok.decode(hyp.tokens).lower()
-    assert tok.decode(hyp.tokens).lower().count("tried") == 1
-    # A request that asks for no 30 s retry (a line behind a lead-in) gets the prompt-free
-    # retry, and if that loops too, the loop back, marked.
-    request = DecodeRequest(audio, [], "en", "transcribe", full_window_retry=False)
-    marked = decoder._unloop(request, looped)
-    assert marked.looped and marked.tokens == looped.tokens and decoder.stats["full_window"] == 0
-    with pytest.raises(ValueError, match="loop_retry"):
-        StreamDecoder(live, loop_retry="beam")
-
-
-def test_a_short_loop_zlib_cannot_see_is_a_loop(live, clips):
-    """A short hypothesis that says one word over and over ("Humpty, humpty, humpty, humpty,
-    humpty." for "Humpty Dumpty was pushed.") compresses too little to pass the compression
-    test, but a phrase said MAX_REPEATS times back to back is a loop: it is decoded again."""
-    assert repeated_run("Humpty, humpty, humpty, humpty, humpty.") == 5
-    assert repeated_run("I think I think I think I think so.") == 4
-    assert repeated_run("No, no, no. It was the best of times, it was the worst of times.") == 3
-    assert repeated_run("") == 1
-    decoder = StreamDecoder(live)
-    tok = decoder.tokenizer
-    text = " Ever, ever, ever, ever, ever."
-    assert compression_ratio(text) < 2.4 and repeated_run(text) >= MAX_REPEATS
-    audio = load_audio(clips["beckett"].audio)[:16000 * 2]
-    request = DecodeRequest(audio, [], "en", "transcribe", full_window_retry=False)
-    looped = Hypothesis([tok.timestamp_begin, *tok.encode(text)], 0.01, -0.2, False)
-    marked = decoder._unloop(request, looped)
-    assert marked.looped, tok.decode(marked.tokens)
-    fine = Hypothesis([tok.timestamp_begin, *tok.encode(" Ever tried.")], 0.01, -0.2, False)
-    assert decoder._unloop(request, fine) is fine
 
 
 def test_an_utterance_without_text_yet_is_re_decoded_sooner(base):

@@ -65,21 +65,6 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
-def repeated_run(text: str, max_words: int = 3) -> int:
-    """The most times a phrase of up to ``max_words`` words follows itself back to back (1:
-    never): the short loops zlib cannot see in a short text ("Humpty, humpty, humpty, humpty")."""
-    words = [w for w in ("".join(c for c in word.lower() if c.isalnum()) for word in text.split())
-             if w]
-    most = 1
-    for n in range(1, max_words + 1):
-        for i in range(len(words) - n + 1):
-            times = 1
-            while words[i + times * n: i + (times + 1) * n] == words[i: i + n]:
-                times += 1
-            most = max(most, times)
-    return most
-
-
 def passes_checks(result: WindowResult, options: TranscribeOptions) -> bool:
     """Whisper's fallback test: the text is neither repetitive nor unsure, or it is silence."""
     too_repetitive = (

@@ -115,6 +115,20 @@ def norm_word(word: str) -> str:
     return "".join(c for c in word.lower() if c.isalnum())
 
 
+def repeated_run(text: str, max_words: int = 3) -> int:
+    """The most times a phrase of up to ``max_words`` words follows itself back to back (1:
+    never): the short loops zlib cannot see in a short text ("Humpty, humpty, humpty, humpty")."""
+    words = [w for w in map(norm_word, text.split()) if w]
+    most = 1
+    for n in range(1, max_words + 1):
+        for i in range(len(words) - n + 1):
+            times = 1
+            while words[i + times * n: i + (times + 1) * n] == words[i: i + n]:
+                times += 1
+            most = max(most, times)
+    return most
+
+
 def after_words(words: list[str], done: list[str]) -> int | None:
     """Index of the word after a hypothesis's copy of the last (up to) three of the words
     ``done`` (both normalised, :func:`norm_word`), searched near ``len(done)``: Whisper may

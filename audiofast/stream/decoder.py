@@ -44,10 +44,11 @@ from audiofast.asr.ct2_runtime import CT2Whisper
 from audiofast.asr.decoding import GreedySearch, LogitRules, greedy_decode_batch
 from audiofast.asr.drafters.hypothesis import HypothesisDrafter
 from audiofast.asr.features import FRAMES_PER_SECOND, N_FRAMES, log_mel_spectrogram
-from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio, repeated_run
+from audiofast.asr.longform import MAX_TOKENS_PER_SECOND, compression_ratio
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.word_timing import token_times
 from audiofast.audio import SAMPLE_RATE
+from audiofast.stream.agreement import repeated_run
 
 BUCKET_S = 2  # encoder windows come in steps of this many seconds
 # Longer buffers are padded only up to the window a buffer this long gets (pad_s + 4 s: 14 s

@@ -51,8 +51,7 @@ class StreamOptions:
     language: str | None = "en"
     task: str = "transcribe"
     min_chunk_s: float = 0.5  # new audio that triggers a re-decode
-    # ... until the utterance has produced text: short buffers are cheap to decode, and the
-    # first words are what a user waits for.
+    # ... until the utterance has text: short buffers are cheap, first words are awaited.
     first_chunk_s: float = 0.25
     commit_margin_s: float = 0.5  # never commit words this close to the buffer end
     # A line whose close hears a lead commits nothing while shorter: its close says it all.
