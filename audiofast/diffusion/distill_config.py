@@ -69,6 +69,9 @@ class GateSpec:
     clips: int = 160
     seed: int = 0
     max_fad_ratio: float = 1.1
+    max_fad_ratio_upper: float = 1.2  # the bootstrap interval's upper end must stay under it
+    interval_level: float = 0.95
+    bootstrap_replicates: int = 200
     min_pitch_ratio: float = 0.95  # proving ground only: vs the baseline's pitch accuracy
     min_category_ratio: float = 0.95
     baseline_steps: int = 8
@@ -110,6 +113,12 @@ class StageConfig:
             low = 0 if name == "steps" and cfg.stage == "qad" else 1  # qad 0: PTQ, no training
             if getattr(cfg.train, name) < low:
                 raise StageConfigError(f"{where}.train.{name} must be >= {low}")
+        gate = cfg.gate
+        if not 0 < gate.interval_level < 1 or gate.bootstrap_replicates < 10:
+            raise StageConfigError(f"{where}.gate: interval_level must be in (0, 1) and "
+                                   "bootstrap_replicates >= 10")
+        if gate.max_fad_ratio_upper < gate.max_fad_ratio:
+            raise StageConfigError(f"{where}.gate.max_fad_ratio_upper must be >= max_fad_ratio")
         if cfg.train.lr <= 0:
             raise StageConfigError(f"{where}.train.lr must be > 0")
         return cfg

@@ -123,14 +123,14 @@ def category_of(meta: dict[str, Any]) -> str:
 # -- FAD -----------------------------------------------------------------------------------------
 
 
+def clip_frames(embedder: WhisperEmbedder, clips: torch.Tensor) -> list[np.ndarray]:
+    """Each clip's embedding frames (kept per clip for :mod:`audiofast.eval.fad_interval`)."""
+    return [embedder.embed(c.reshape(-1).numpy()) for c in clips]
+
+
 def fad_between(embedder: WhisperEmbedder, a: torch.Tensor, b: torch.Tensor) -> float:
     """FAD of clips ``a`` against clips ``b`` (tensors: nothing goes through files)."""
-
-    def stats(clips: torch.Tensor) -> Stats:
-        frames = [embedder.embed(c.reshape(-1).numpy()) for c in clips]
-        return Stats.of(np.concatenate(frames))
-
-    return frechet_distance(stats(a), stats(b))
+    return frechet_distance(*(Stats.of(np.concatenate(clip_frames(embedder, c))) for c in (a, b)))
 
 
 @dataclass
@@ -140,12 +140,24 @@ class Judge:
     classifier: CategoryClassifier
     embedder: WhisperEmbedder  # with short_windows: the clips are 2 s
     reference: torch.Tensor  # held-out real clips [N, 1, samples]
+    _reference_frames: list[np.ndarray] | None = None
+
+    @property
+    def reference_frames(self) -> list[np.ndarray]:
+        if self._reference_frames is None:
+            self._reference_frames = clip_frames(self.embedder, self.reference)
+        return self._reference_frames
 
     def score(
-        self, audio: torch.Tensor, metas: Sequence[dict[str, Any]], pitch_model: str = "tiny"
+        self, audio: torch.Tensor, metas: Sequence[dict[str, Any]], pitch_model: str = "tiny",
+        frames: list[np.ndarray] | None = None,
     ) -> dict[str, float]:
         """Pitch accuracy (single notes), category accuracy and FAD of ``audio`` vs the
-        reference, for clips generated from captions with ``metas``."""
+        reference, for clips generated from captions with ``metas`` (``frames``: the clips'
+        embeddings when the caller already has them, for an interval)."""
+        frames = clip_frames(self.embedder, audio) if frames is None else frames
+        fad = frechet_distance(Stats.of(np.concatenate(frames)),
+                               Stats.of(np.concatenate(self.reference_frames)))
         notes = [i for i, m in enumerate(metas) if m.get("kind") == "note"]
         f0s = track_pitch(audio[notes], model=pitch_model)
         midis = [metas[i]["midi"][0] for i in notes]
@@ -158,7 +170,7 @@ class Judge:
             "pitch_median_error_semitones": float(np.median(errors)) if errors else float("nan"),
             "category_accuracy": float(np.mean([p == t for p, t in zip(predicted, truth,
                                                                        strict=True)])),
-            "fad": fad_between(self.embedder, audio, self.reference),
+            "fad": fad,
             "notes": len(notes),
             "clips": len(metas),
         }

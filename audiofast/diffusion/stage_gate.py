@@ -9,7 +9,9 @@ baseline's (the guided teacher as users ran it), on the same captions and seeds.
   of the baseline's own clips at other seeds, ``FAD(student, ref) / FAD(baseline, ref)``: a
   label-free check that the student's distribution stays where the baseline's is.
 
-Thresholds come from the stage config's ``gate`` section; the verdict is the judge's
+The FAD ratio comes with a paired bootstrap interval (:mod:`audiofast.eval.fad_interval`):
+the gate passes on the point ratio *and* the interval's upper end. Thresholds come from the
+stage config's ``gate`` section; the verdict is the judge's
 :class:`audiofast.eval.gate.Verdict` (``gate.json`` + ``gate.md`` beside the checkpoint).
 """
 
@@ -22,6 +24,8 @@ import torch
 from audiofast.diffusion.checkpoint import SA3Model
 from audiofast.diffusion.distill_config import GateSpec
 from audiofast.diffusion.generate import generate
+from audiofast.diffusion.quality import clip_frames
+from audiofast.eval.fad_interval import ClipMoments, RatioInterval, fad_ratio_interval
 from audiofast.eval.gate import Verdict
 
 
@@ -71,16 +75,17 @@ def gate_student(student: SA3Model, baseline: SA3Model, spec: GateSpec,
         judge = build_judge(reference)
         cand, cand_s = generate_clips(student, captions.captions, CLIP_SECONDS, spec.seed)
         ref, ref_s = generate_clips(baseline, captions.captions, CLIP_SECONDS, spec.seed, **base)
-        c, b = judge.score(cand, captions.meta), judge.score(ref, captions.meta)
+        frames = [clip_frames(judge.embedder, a) for a in (cand, ref)]
+        c = judge.score(cand, captions.meta, frames=frames[0])
+        b = judge.score(ref, captions.meta, frames=frames[1])
+        frames.append(judge.reference_frames)
         verdict.details = {"candidate": c | {"s_per_clip": cand_s / spec.clips},
                            "baseline": b | {"s_per_clip": ref_s / spec.clips}}
         _ratio_check(verdict, "pitch_accuracy_ratio", c["pitch_accuracy"], b["pitch_accuracy"],
                      spec.min_pitch_ratio)
         _ratio_check(verdict, "category_accuracy_ratio", c["category_accuracy"],
                      b["category_accuracy"], spec.min_category_ratio)
-        fad_c, fad_b = c["fad"], b["fad"]
     else:
-        from audiofast.diffusion.quality import fad_between
         from audiofast.eval.fad import WhisperEmbedder
 
         seconds = min(4.0, student.config.sample_size / student.config.sample_rate)
@@ -93,14 +98,28 @@ def gate_student(student: SA3Model, baseline: SA3Model, spec: GateSpec,
         other = _mono16k(generate_clips(baseline, captions, seconds, spec.seed + 10_000,
                                         **base)[0], sr)
         embedder = WhisperEmbedder(threads=2, short_windows=True)
-        fad_c, fad_b = fad_between(embedder, cand, other), fad_between(embedder, ref, other)
-        verdict.details = {"candidate": {"fad": fad_c}, "baseline": {"fad": fad_b},
-                           "reference": "the baseline's clips at seeds + 10000"}
-    ratio = fad_c / max(fad_b, 1e-12)
-    verdict.check("fad_ratio", ratio, spec.max_fad_ratio, ratio <= spec.max_fad_ratio)
+        frames = [clip_frames(embedder, a) for a in (cand, ref, other)]
+        verdict.details = {"reference": "the baseline's clips at seeds + 10000"}
+    interval = fad_ratio_interval(*(ClipMoments.of(f) for f in frames),
+                                  replicates=spec.bootstrap_replicates, level=spec.interval_level,
+                                  seed=spec.seed)
+    fad_checks(verdict, interval, spec)
     verdict.passed = all(c["passed"] for c in verdict.checks)
     verdict.seconds = time.perf_counter() - start
     return verdict
+
+
+def fad_checks(verdict: Verdict, interval: RatioInterval, spec: GateSpec) -> None:
+    """The FAD checks: the point ratio and the interval's upper end. A point under the goal
+    whose interval reaches past ``max_fad_ratio_upper`` is unresolved (too few clips, or a
+    candidate that varies too much) and fails."""
+    verdict.details["fad_ratio_interval"] = interval.to_dict()
+    verdict.details.setdefault("candidate", {})["fad"] = interval.candidate_fad
+    verdict.details.setdefault("baseline", {})["fad"] = interval.baseline_fad
+    verdict.check("fad_ratio", interval.ratio, spec.max_fad_ratio,
+                  interval.ratio <= spec.max_fad_ratio)
+    verdict.check(f"fad_ratio_upper ({spec.interval_level:.0%} bootstrap)", interval.high,
+                  spec.max_fad_ratio_upper, interval.high <= spec.max_fad_ratio_upper)
 
 
 def _ratio_check(verdict: Verdict, name: str, cand: float, base: float, minimum: float) -> None:
