@@ -123,13 +123,16 @@ def train(
     desc: str = "train",
     params: list[torch.nn.Parameter] | None = None,
     sync: GradientSync | None = None,
+    companion: Any = None,
 ) -> torch.nn.Module:
     """Train ``model`` for ``opts.steps`` steps of ``step_fn``, resuming from ``checkpoint`` if
     it exists. Returns the EMA copy of the model when ``opts.ema_decay`` is set, else the model.
 
     A ``<checkpoint>.log.jsonl`` beside the checkpoint gets one line per step. With ``sync``
     (several processes), each step's gradients and loss are averaged over processes before
-    the update, so every process keeps the same weights.
+    the update, so every process keeps the same weights. A ``companion`` (anything with
+    ``state_dict()`` / ``load_state_dict()``, e.g. DMD's critic and its optimizer, which the
+    step updates itself) is saved in the same checkpoint and restored with it.
     """
     main = sync is None or sync.is_main
     checkpoint = Path(checkpoint)
@@ -154,6 +157,8 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
+        if companion is not None:
+            companion.load_state_dict(state["companion"])
         start = int(state["step"])
     log_path = checkpoint.with_name(checkpoint.name + ".log.jsonl")
     if not main:
@@ -168,6 +173,8 @@ def train(
         state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
         if ema is not None:
             state["ema"] = ema.state_dict()
+        if companion is not None:
+            state["companion"] = companion.state_dict()
         save_atomic(state, checkpoint)
 
     model.train()

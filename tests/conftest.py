@@ -90,3 +90,20 @@ def kernel():
                         "kernels did not build")
         pytest.skip("the C++ kernel cannot be built here (no compiler or no AVX2/F16C)")
     return kernels
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory) -> Path:
+    """A tiny proving-ground teacher (SA3 DiT at width 64, 2 blocks) trained for 100 steps:
+    enough that its conditional and unconditional predictions differ, so there is guidance to
+    fold (a random one has none). Shared by the SA3 distillation tests."""
+    from audiofast.diffusion.teacher import TeacherRecipe, TeacherSize, train_teacher
+
+    size = TeacherSize(dit_width=64, dit_depth=2, dit_heads=2, memory_tokens=2)
+    recipe = TeacherRecipe(size=size, train_clips=64, dit_steps=100, dit_batch=16, dit_lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_teacher(recipe, tmp_path_factory.mktemp("sa3"))
+    finally:
+        torch.set_num_threads(threads)

@@ -32,10 +32,9 @@ from audiofast.diffusion.synthetic import (
     write_checkpoint_with_text_encoder,
     write_synthetic_checkpoint,
 )
-from audiofast.diffusion.teacher import TeacherRecipe, TeacherSize, teacher_config, train_teacher
+from audiofast.diffusion.teacher import TeacherSize, teacher_config
 from audiofast.training import step_generator, train
 
-TINY = TeacherSize(dit_width=64, dit_depth=2, dit_heads=2, memory_tokens=2)
 ROOT = Path(__file__).resolve().parents[1]
 AUDIOFAST = [sys.executable, "-m", "audiofast.cli"]
 
@@ -54,14 +53,6 @@ def stage_config(stage: str, steps: int = 30, **sections) -> StageConfig:
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return StageConfig.from_dict(data)
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory) -> Path:
-    """A tiny proving-ground teacher trained for 100 steps: enough that its conditional and
-    unconditional predictions differ, so there is guidance to fold (a random one has none)."""
-    recipe = TeacherRecipe(size=TINY, train_clips=64, dit_steps=100, dit_batch=16, dit_lr=3e-3)
-    return train_teacher(recipe, tmp_path_factory.mktemp("sa3"))
 
 
 def _held_out_loss(stage, batches: int = 6) -> float:

@@ -57,6 +57,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                      help="steps: the parent's sampler steps")
     sa3.add_argument("--to", dest="to_steps", type=int, default=None,
                      help="steps: the student's sampler steps")
+    sa3.add_argument("--method", choices=["progressive", "dmd"], default=None,
+                     help="steps: progressive distillation (default) or DMD2-style distribution "
+                     "matching with an adversarial critic (configs/distill/steps-dmd.yaml)")
     sa3.add_argument("--batch", type=int, default=None, help="training batch (all processes)")
     sa3.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     sa3.add_argument("--baseline", default=None,
@@ -138,7 +141,9 @@ def _run_distill_sa3(args: argparse.Namespace) -> int:
                if v is not None}
     train = {k: v for k, v in (("steps", args.steps), ("batch", args.batch)) if v is not None}
     try:
-        cfg = load_stage_config(args.stage, args.config).replace(
+        if args.method not in (None, "progressive") and args.stage != "steps":
+            raise StageConfigError(f"--method {args.method}: only --stage steps has methods")
+        cfg = load_stage_config(args.stage, args.config, args.method).replace(
             guidance=guidance, sampler=sampler, train=train,
             gate={"enabled": False} if args.no_gate else {})
     except StageConfigError as e:

@@ -8,7 +8,9 @@ model, or the previous stage's student) and writes a new checkpoint directory wh
 ``model_config.json`` says how to sample it (:mod:`audiofast.diffusion.student`):
 
 - ``cfg``: guidance folded in (:mod:`~audiofast.diffusion.cfg_distill`), one pass per step;
-- ``steps``: half the steps (:mod:`~audiofast.diffusion.step_distill`), its times recorded;
+- ``steps``: half the steps (:mod:`~audiofast.diffusion.step_distill`, or with ``method: dmd``
+  distribution matching against the root teacher, :mod:`~audiofast.diffusion.dmd`), its
+  times recorded;
 - ``qad``: W8A8 quantization-aware distillation (:mod:`~audiofast.diffusion.qad`), exported as
   real int8 (:mod:`~audiofast.diffusion.int8`).
 
@@ -175,8 +177,10 @@ def student_config(stage: str, parent: SA3Model, cfg: StageConfig, parent_ref: s
 
 def stage_step(stage: str, student: SA3Model, parent: SA3Model, data: LatentSet,
                cfg: StageConfig, scfg: StudentConfig, times: torch.Tensor, shard: Shard,
-               device: str):
-    """The training step of ``stage``: a batch, the parent's target, the student's loss."""
+               device: str, critic=None, critic_source: SA3Model | None = None,
+               sync: GradientSync | None = None):
+    """The training step of ``stage``: a batch, the parent's target, the student's loss
+    (``steps`` by DMD: the critic and the root teacher it was copied from, the real score)."""
     t = cfg.train
     pguid = parent.config.student.guidance if parent.config.student else None
     guidance = scfg.guidance or FoldedGuidance(cfg.guidance.scale, cfg.guidance.range)
@@ -184,6 +188,16 @@ def stage_step(stage: str, student: SA3Model, parent: SA3Model, data: LatentSet,
     student_x0 = x0_function(student)
     sampler_times = scfg.sampler.times
     k = (len(times) - 1) // scfg.sampler.steps
+
+    if stage == "steps" and cfg.method == "dmd":  # the student's own times only
+        from audiofast.diffusion.dmd import dmd_step, real_score
+
+        def draw(gen: torch.Generator) -> DistillBatch:
+            return draw_batch(parent, data, t.batch, gen, sampler_times, 1.0, guidance.range,
+                              guidance.scale, shard, device)
+
+        return dmd_step(student_x0, real_score(critic_source, guidance, cfg.dmd), critic, draw,
+                        torch.tensor(sampler_times), cfg.dmd, sync)
 
     def step(_: int, gen: torch.Generator) -> tuple[torch.Tensor, dict[str, float]]:
         batch = draw_batch(parent, data, t.batch, gen, sampler_times, t.schedule_time_prob,
@@ -209,6 +223,7 @@ class Stage:
     options: TrainOptions
     checkpoint: Path
     sync: GradientSync | None
+    companion: object | None = None  # dmd: the critic, saved with the training checkpoint
 
 
 def prepare_stage(stage: str, parent_source: str | Path, cfg: StageConfig, workdir: str | Path,
@@ -241,11 +256,19 @@ def prepare_stage(stage: str, parent_source: str | Path, cfg: StageConfig, workd
     opts = TrainOptions(t.steps, lr=t.lr, warmup=t.warmup, weight_decay=t.weight_decay,
                         grad_clip=t.grad_clip, ema_decay=t.ema_decay,
                         checkpoint_every=t.checkpoint_every, seed=t.seed)
-    step = stage_step(stage, student, parent, data, cfg, scfg, times, shard, device)
+    critic = teacher = None
+    if stage == "steps" and cfg.method == "dmd":
+        from audiofast.diffusion.dmd import Critic, check_parent
+
+        check_parent(parent, str(parent_source))
+        teacher = load_parent(root_baseline(parent_source), device)
+        critic = Critic(parent, cfg.dmd, device, cfg.train.seed)
+    step = stage_step(stage, student, parent, data, cfg, scfg, times, shard, device, critic,
+                      teacher, sync)
     run_key = json.dumps([stage, str(parent_source), cfg.to_dict()], sort_keys=True, default=str)
     run_key = hashlib.sha256(run_key.encode()).hexdigest()[:12]  # another config starts afresh
     return Stage(stage, parent, student, scfg, step, params, opts,
-                 workdir / f"{stage}-{run_key}.ckpt", sync)
+                 workdir / f"{stage}-{run_key}.ckpt", sync, critic)
 
 
 def run_stage(stage: str, parent_source: str | Path, cfg: StageConfig, out: str | Path,
@@ -255,7 +278,7 @@ def run_stage(stage: str, parent_source: str | Path, cfg: StageConfig, out: str 
     out = Path(out)
     s = prepare_stage(stage, parent_source, cfg, workdir, device, accelerator)
     trained = train(s.student, s.step, s.options, s.checkpoint, desc=f"distill {stage}",
-                    params=s.params, sync=s.sync)
+                    params=s.params, sync=s.sync, companion=s.companion)
     if s.sync is not None and not s.sync.is_main:
         return StageResult(out, None)
     trained.requires_grad_(False)

@@ -14,6 +14,7 @@ from typing import Any, get_type_hints
 from audiofast.yaml_file import read_yaml_mapping
 
 STAGES = ("cfg", "steps", "qad")
+STEP_METHODS = ("progressive", "dmd")  # steps: step_distill.py, dmd.py
 
 
 class StageConfigError(ValueError):
@@ -62,6 +63,24 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class DMDSpec:
+    """``--stage steps --method dmd`` (:mod:`audiofast.diffusion.dmd`): the fake-score critic
+    and its adversarial head (:mod:`audiofast.diffusion.adversarial`)."""
+
+    critic_steps: int = 2  # critic updates per generator update (DMD2's two time-scale rule)
+    critic_lr: float = 1e-4
+    real_apg_scale: float | None = None  # the real score's APG (None: the folded one, else 1)
+    gan_weight: float = 0.01  # generator: adversarial term beside the DMD loss
+    critic_gan_weight: float = 0.1  # critic: adversarial terms beside its flow-matching loss
+    contrastive_weight: float = 1.0  # critic: real clips under rolled prompts are negatives
+    r1_weight: float = 1.0  # noise-perturbation R1 (reals) and R2 (fakes)
+    r1_sigma: float = 0.01
+    feature_layer: int | None = None  # critic block whose output the head reads (None: middle)
+    t_min: float = 0.02  # times the generator's samples are noised to for the scores
+    t_max: float = 0.98
+
+
+@dataclass(frozen=True)
 class GateSpec:
     """The automatic gate at the end of a stage (see :mod:`audiofast.diffusion.stage_gate`)."""
 
@@ -87,6 +106,8 @@ class StageConfig:
     data: DataSpec = field(default_factory=DataSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     gate: GateSpec = field(default_factory=GateSpec)
+    method: str = "progressive"  # steps: progressive distillation or dmd
+    dmd: DMDSpec = field(default_factory=DMDSpec)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "config") -> StageConfig:
@@ -104,6 +125,13 @@ class StageConfig:
         if cfg.stage == "steps" and (s.steps < 1 or s.parent_steps % s.steps):
             raise StageConfigError(f"{where}.sampler: parent_steps={s.parent_steps} must be a "
                                    f"multiple of steps={s.steps}")
+        if cfg.method not in STEP_METHODS or cfg.method != "progressive" and cfg.stage != "steps":
+            raise StageConfigError(f"{where}.method={cfg.method!r}: the steps stage takes one of "
+                                   f"{list(STEP_METHODS)}; other stages take 'progressive'")
+        d = cfg.dmd
+        if d.critic_steps < 1 or d.critic_lr <= 0 or not 0 < d.t_min < d.t_max <= 1:
+            raise StageConfigError(f"{where}.dmd: need critic_steps >= 1, critic_lr > 0 and "
+                                   "0 < t_min < t_max <= 1")
         if cfg.data.kind not in ("synth", "gaussian"):
             raise StageConfigError(f"{where}.data.kind={cfg.data.kind!r}: choose from "
                                    "['synth', 'gaussian']")
@@ -184,17 +212,21 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     return value
 
 
-def load_stage_config(stage: str, path: str | Path | None = None) -> StageConfig:
-    """The stage's config from ``path``, else the shipped ``configs/distill/<stage>.yaml``,
-    else the built-in defaults."""
+def load_stage_config(stage: str, path: str | Path | None = None,
+                      method: str | None = None) -> StageConfig:
+    """The stage's config from ``path``, else the shipped ``configs/distill/<stage>.yaml``
+    (``steps-dmd.yaml`` for ``--method dmd``), else the built-in defaults."""
     if path is None:
         from audiofast.resources import data_file
 
-        default = data_file(f"configs/distill/{stage}.yaml")
+        name = f"{stage}-{method}" if method and method != "progressive" else stage
+        default = data_file(f"configs/distill/{name}.yaml")
         if not default.is_file():
-            return StageConfig.from_dict({"stage": stage})
+            return StageConfig.from_dict({"stage": stage, "method": method or "progressive"})
         path = default
     cfg = StageConfig.from_file(path)
     if cfg.stage != stage:
         raise StageConfigError(f"{Path(path).name}: stage={cfg.stage!r} but --stage {stage}")
+    if method is not None and cfg.method != method:
+        raise StageConfigError(f"{Path(path).name}: method={cfg.method!r} but --method {method}")
     return cfg

@@ -98,8 +98,10 @@ class Transformer(nn.Module):
         global_embed: torch.Tensor,
         local_cond: torch.Tensor | None,
         padding_mask: torch.Tensor | None,
+        features_at: int | None = None,
     ) -> torch.Tensor:
-        """``x [B, T, io] -> [B, T, io]`` (channels last)."""
+        """``x [B, T, io] -> [B, T, io]`` (channels last); with ``features_at=k`` the content
+        tokens' states after block ``k`` instead, ``[B, T, dim]`` (later blocks do not run)."""
         x = self.project_in(x)
         if self.num_memory_tokens:
             x = torch.cat((self.memory_tokens.expand(x.shape[0], -1, -1), x), dim=1)
@@ -108,8 +110,10 @@ class Transformer(nn.Module):
                 padding_mask = torch.cat((valid, padding_mask), dim=1)
         rope = self.rotary_pos_emb(x.shape[1])
         modulation = self.global_cond_embedder(global_embed)
-        for layer in self.layers:
+        for k, layer in enumerate(self.layers, start=1):
             x = layer(x, context, modulation, rope, local_cond, padding_mask)
+            if k == features_at:
+                return x[:, self.num_memory_tokens :]
         return self.project_out(x[:, self.num_memory_tokens :])
 
 
@@ -162,6 +166,7 @@ class DiT(nn.Module):
         local_cond: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         guidance: float | torch.Tensor | None = None,
+        features_at: int | None = None,
     ) -> torch.Tensor:
         """Predict the flow velocity ``v = noise - x0`` for latents ``x`` at time ``t``.
 
@@ -174,6 +179,8 @@ class DiT(nn.Module):
         padding_mask: ``[B, T]`` True where latents are real (valid-length generation).
         guidance: the guidance scale of a CFG-folded student with a scale embedding (a float or
             ``[B]``); it enters the global embedding as ``w / 10`` through Fourier features.
+        features_at: return block ``k``'s content-token states ``[B, T, dim]`` instead of
+            ``v`` (an adversarial head's input, :mod:`audiofast.diffusion.adversarial`).
         """
         dtype = self.preprocess_conv.weight.dtype
         x = x.to(dtype)
@@ -194,6 +201,8 @@ class DiT(nn.Module):
         x = self.preprocess_conv(x) + x
         local = None if local_cond is None else local_cond.to(dtype).transpose(1, 2)
         mask = None if padding_mask is None else padding_mask.bool()
-        out = self.transformer(x.transpose(1, 2), context, global_embed, local, mask)
+        out = self.transformer(x.transpose(1, 2), context, global_embed, local, mask, features_at)
+        if features_at is not None:
+            return out
         out = out.transpose(1, 2)
         return self.postprocess_conv(out) + out
