@@ -10,7 +10,7 @@ import pytest
 
 from audiofast.asr.options import TranscribeOptions
 from audiofast.asr.types import Segment, Transcription, Word
-from audiofast.asr.word_timing import force_align, trim_pauses
+from audiofast.asr.word_timing import force_align, keep_within_segment, trim_pauses
 from audiofast.asr.writers import to_json, to_srt, to_vtt
 from audiofast.audio import SAMPLE_RATE, load_audio
 from audiofast.eval.tts import synthesize
@@ -48,6 +48,37 @@ def test_words_agree_with_a_forced_alignment_of_the_reference(engine, base, live
         close += sum(abs(a.start - b.start) <= 0.2 and abs(a.end - b.end) <= 0.2
                      for a, b in pairs)
     assert close >= 0.9 * matched, (close, matched)
+
+
+def speech_end(audio: np.ndarray, floor: float = 0.015) -> float:
+    """The end of the last 100 ms frame louder than ``floor`` RMS."""
+    frames = audio[: len(audio) // 1600 * 1600].reshape(-1, 1600)
+    loud = np.flatnonzero(np.sqrt((frames**2).mean(axis=1)) > floor)
+    return (loud[-1] + 1) / 10
+
+
+@pytest.mark.parametrize("engine", ["ct2", "fast"])
+def test_a_slow_last_word_ends_with_the_speech(engine, base, live, clips):
+    """beckett ends "Fail better." at ~8.8 s and 1.2 s of room tone follow: DTW hands the
+    full stop everything up to end-of-text; "better." ends where "better" does (it ended at
+    9.4-9.9 s while the stop's time was the word's), within 0.3 s of the audio's energy."""
+    runtime = base if engine == "ct2" else live.runtime_for(WORDS)
+    audio = load_audio(clips["beckett"].audio)
+    result = runtime.transcribe(audio, WORDS)
+    last = result.segments[-1].words[-1]
+    assert norm(last.word) == "better"
+    assert abs(last.end - speech_end(audio)) <= 0.3, (last, speech_end(audio))
+    assert result.segments[-1].end == last.end
+
+
+def test_keep_within_segment_cuts_only_words_past_the_timestamps():
+    words = [Word(3.0, 5.0, " So", 0.9), Word(5.0, 5.3, " it", 0.9),
+             Word(5.3, 9.0, " goes.", 0.9)]
+    assert keep_within_segment(words, 4.0, 7.0, 0.4) == [
+        Word(4.0, 5.0, " So", 0.9), words[1], Word(5.3, 7.0, " goes.", 0.9)]
+    assert keep_within_segment(words, 3.3, 8.6, 0.4) == words  # within 0.5 s: kept
+    # a cut word keeps at least the median word length
+    assert keep_within_segment(words[2:], 4.0, 5.4, 0.4) == [Word(5.3, 5.7, " goes.", 0.9)]
 
 
 def test_words_around_an_inserted_silence_stay_on_their_side(live):

@@ -27,7 +27,12 @@ from audiofast.asr.hallucination import find_hallucination
 from audiofast.asr.options import DecodingOptions, TranscribeOptions
 from audiofast.asr.tokenizer import TIME_PER_TIMESTAMP, WhisperTokenizer
 from audiofast.asr.types import Segment, Transcription
-from audiofast.asr.word_timing import trim_pauses, words_from_alignment
+from audiofast.asr.word_timing import (
+    keep_within_segment,
+    median_word_s,
+    trim_pauses,
+    words_from_alignment,
+)
 from audiofast.audio import SAMPLE_RATE
 
 FRAMES_PER_TIMESTAMP = round(TIME_PER_TIMESTAMP * FRAMES_PER_SECOND)  # 2 mel frames
@@ -201,8 +206,10 @@ def time_words(runtime: WindowDecoder, encoded: Any, segments: list[Segment],
     window_end = (seek + window_frames) / FRAMES_PER_SECOND  # the path may run into padding
     timed = trim_pauses([replace(w, start=min(w.start, window_end), end=min(w.end, window_end))
                          for words in per_segment for w in words])
+    median_s = median_word_s(timed)
     for segment, words in zip(segments, per_segment, strict=True):
-        segment.words, timed = timed[: len(words)], timed[len(words):]
+        mine, timed = timed[: len(words)], timed[len(words):]
+        segment.words = keep_within_segment(mine, segment.start, segment.end, median_s)
         if words:  # the words' times are finer than the timestamp tokens'
             segment.start, segment.end = segment.words[0].start, segment.words[-1].end
 
@@ -242,7 +249,10 @@ def transcribe_audio(
     bar = tqdm(total=round(duration, 2), unit="s", desc="transcribing", disable=not show_progress)
     while seek < content_frames:
         window_frames = min(N_FRAMES, content_frames - seek)
-        input_frames = encoder_frames(window_frames, options.window_pad)
+        # Only a file's first window is ever shortened: the last window of a long one,
+        # prompted by the text before it, can end early on a short encode (two_cities, tiny.en
+        # beam 5, lost its last clause; docs/transcribe.md).
+        input_frames = encoder_frames(window_frames, options.window_pad if seek == 0 else None)
         if language is None:  # language detection on a shortened window guessed Welsh for
             input_frames = N_FRAMES  # 4 s of English: detect on a standard 30 s window
         while True:

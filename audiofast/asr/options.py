@@ -41,9 +41,10 @@ class TranscribeOptions(DecodingOptions):
     # Seconds: a segment whose timed words look unlike speech, next to a silence longer than
     # this, is taken for a hallucination and skipped (hallucination.py; times words).
     hallucination_silence_threshold: float | None = None
-    # Seconds of silence after a window's audio when it is shorter than 30 s (the last window,
-    # short files): the encoder then runs on content + pad instead of 30 s. None: always 30 s
-    # (openai-whisper's way). 2 s passed the judge's gate (docs/transcribe.md).
+    # Seconds of silence after a file's audio when it is shorter than 30 s (the sequential
+    # loop's first window; the batched loop's chunks): the encoder then runs on content + pad
+    # instead of 30 s. None: always 30 s (openai-whisper's way). 2 s passed the judge's gate
+    # (docs/transcribe.md).
     window_pad: float | None = 2.0
     # Independent chunks of at most chunk_length seconds, cut at quiet frames and decoded
     # batch_size at a time (batched.py); 0: Whisper's sequential loop (longform.py).

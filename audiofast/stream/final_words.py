@@ -1,21 +1,20 @@
 """Word times of a live stream's finals, timed as offline words are.
 
-Offline word timing gives a pause to the word before it and trims what is longer than twice
-the median word at a sentence's edge (``word_timing.trim_pauses``). A live final is a slice of
-that: often one or two words, cut wherever LocalAgreement or VAD cut it. So the stream keeps
-what offline has from the whole text: the speaker's rate (the last ``HEARD_WORDS`` words'
-durations), whether the previous final ended a sentence, and where its last word ended; and a
-line's last word runs into the silence VAD heard after it, as offline's runs to the next word.
+Offline word timing gives a pause before the next word to the word before it (not one before
+a "," or "."), and trims what is longer than twice the median word at a sentence's edge
+(``word_timing.trim_pauses``). A live final is a slice of that: often one or two words, cut
+wherever LocalAgreement or VAD cut it. So the stream keeps what offline has from the whole
+text: the speaker's rate (the last ``HEARD_WORDS`` words' durations), whether the previous
+final ended a sentence, and where its last word ended.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 
 from audiofast.asr.tokenizer import WhisperTokenizer
 from audiofast.asr.types import Word
-from audiofast.asr.word_timing import ends_sentence, split_words, trim_pauses
+from audiofast.asr.word_timing import ends_sentence, is_closing, split_words, trim_pauses
 
 HEARD_WORDS = 200  # the speaking rate for pause trimming: this many recent final words
 
@@ -26,14 +25,11 @@ class FinalWords:
         self._said_until = 0.0  # where the last final word ended (stream seconds)
         self._sentence_ended = True  # ... and whether it ended a sentence
 
-    def time(self, words: list[Word], silent_to: float | None = None) -> list[dict]:
+    def time(self, words: list[Word]) -> list[dict]:
         """``words`` of one final, untrimmed (each runs to the next's start), in stream
-        seconds, as the final's ``words``. ``silent_to``: the final closes its utterance and
-        VAD heard silence after it up to there."""
+        seconds, as the final's ``words``."""
         heard = list(self._heard)
         self._heard.extend(w.end - w.start for w in words if w.end > w.start)
-        if silent_to is not None and words:
-            words = [*words[:-1], replace(words[-1], end=max(words[-1].end, silent_to))]
         timed = trim_pauses(words, heard, opens_sentence=self._sentence_ended)
         if words:
             self._sentence_ended = ends_sentence(words[-1])
@@ -57,9 +53,13 @@ def timed_words(tokens: list[int], spans: list[tuple[float, float]], probs: list
     for group in split_words([tokens[i] for i in text_at], tokenizer):
         words.append(text_at[k:k + len(group)])
         k += len(group)
-    return [Word(offset + spans[word[0]][0], offset + spans[word[-1]][1],
-                 tokenizer.decode([tokens[i] for i in word]), _mean([probs[i] for i in word]))
+    # a word ends with its last token that is not closing punctuation: the pause a "," or
+    # "." spans is no part of it (as offline, word_timing.py)
+    ends = [[i for i in word if not is_closing(tokenizer.decode([tokens[i]]))] or word
             for word in words]
+    return [Word(offset + spans[word[0]][0], offset + spans[body[-1]][1],
+                 tokenizer.decode([tokens[i] for i in word]), _mean([probs[i] for i in word]))
+            for word, body in zip(words, ends, strict=True)]
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -76,7 +76,6 @@ class Utterance:
     start: int  # stream sample of the buffer's first sample (moves when trimmed)
     onset: int  # stream sample where VAD heard speech begin
     end: int | None = None  # set when VAD hears the utterance end
-    silent_to: int = 0  # ... and where the silence VAD heard after it reached then
     committed: list[int] = field(default_factory=list)  # hypothesis prefix already emitted
     previous: list[int] = field(default_factory=list)  # the last hypothesis after that
     decoded_to: int = 0  # stream sample where the last decoded buffer ended
@@ -152,8 +151,6 @@ class StreamSession:
             self._lead_in.speech_end = event.sample
             end = event.sample + int(self.options.post_roll_s * SAMPLE_RATE)
             self.utterances[-1].end = min(end, self.received) if not self.ending else end
-            silence = int(self.detector.options.min_silence_s * SAMPLE_RATE)
-            self.utterances[-1].silent_to = min(event.sample + silence, self.received)
 
     def _drop_old_audio(self) -> None:
         keep_s = max(self.options.pre_roll_s, self.options.lead_in_s)
@@ -337,7 +334,7 @@ class StreamSession:
                               or not starts_word(tok, tail[agreed])):
                 agreed -= 1
         events = self._final(utt, tokens[done:done + agreed], spans[done:done + agreed],
-                             probs[done:done + agreed], closed)
+                             probs[done:done + agreed])
         if agreed:
             utt.committed_end = spans[done + agreed - 1][1]
         utt.committed, utt.previous, utt.decoded_to = tokens[:done + agreed], tail[agreed:], end
@@ -354,15 +351,14 @@ class StreamSession:
         return events + self._partial(tok.decode(rest).strip(), utt, origin + start)
 
     def _final(self, utt: Utterance, tokens: list[int], spans: list[tuple[float, float]],
-               probs: list[float | None], closing: bool = False) -> list[dict]:
+               probs: list[float | None]) -> list[dict]:
         tok = self.tokenizer
         text_at = [i for i, t in enumerate(tokens) if t < tok.eot]
         text = tok.decode(tokens).strip()
         if not text:
             return []
         offset = utt.start / SAMPLE_RATE
-        out = self._final_words.time(timed_words(tokens, spans, probs, offset, tok),
-                                     utt.silent_to / SAMPLE_RATE if closing else None)
+        out = self._final_words.time(timed_words(tokens, spans, probs, offset, tok))
         self._lead_in.said(utt.index, out)
         start, end = offset + spans[text_at[0]][0], offset + spans[text_at[-1]][1]
         if out:  # the words' bounds: a pause trimmed from the last word is not speech
