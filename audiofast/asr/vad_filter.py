@@ -90,11 +90,13 @@ def transcribe_speech(
     transcribe: Callable[[np.ndarray, Callable[[Segment], None] | None], Transcription],
     audio: np.ndarray, options: VadFilterOptions = VadFilterOptions(),
     on_segment: Callable[[Segment], None] | None = None,
+    regions: list[tuple[int, int]] | None = None,
 ) -> Transcription:
     """``transcribe(speech, on_segment)`` run on the speech of ``audio`` only, with times on
     ``audio``'s timeline (no speech at all: no segments, nothing decoded); ``on_segment``
-    gets each segment on that timeline too."""
-    regions = speech_regions(audio, options)
+    gets each segment on that timeline too. ``regions``: :func:`speech_regions` already
+    found (faster-whisper's API reports the speech's length before decoding)."""
+    regions = speech_regions(audio, options) if regions is None else regions
     duration = len(audio) / SAMPLE_RATE
     stats = {"vad_speech_s": sum(e - s for s, e in regions) / SAMPLE_RATE}
     if not regions:
