@@ -152,6 +152,9 @@ def create_app(server: TranscriptionServer) -> FastAPI:
         return await handle("translate", file, model, None, prompt, response_format,
                             temperature, None, False)
 
+    from audiofast.stream.openai_realtime import add_realtime
+
+    add_realtime(app, server)
     return app
 
 

@@ -1,0 +1,530 @@
+"""OpenAI's Realtime transcription sessions on ``serve --http-port``: ``/v1/realtime``.
+
+What the ``openai`` SDK's ``client.realtime.connect(extra_query={"intent": "transcription"})``
+and the services that copy it speak. The client configures the session with ``session.update``
+(GA: ``session.type`` "transcription", ``audio.input.{format, transcription, turn_detection}``)
+or the beta ``transcription_session.update`` (``input_audio_format``,
+``input_audio_transcription``, ``turn_detection``), then streams ``input_audio_buffer.append``
+(base64 PCM16 mono at 24 kHz) and may ``commit`` or ``clear`` the buffer.
+
+With server VAD (the default) the audio is a live session like the WebSocket ones: the same
+VAD, LocalAgreement policy and decode scheduler, batched with them. Each utterance is an item:
+``input_audio_buffer.speech_started`` at its onset, ``speech_stopped`` + ``committed`` at its
+end, then its text as ``conversation.item.input_audio_transcription.delta`` events (what was
+committed live while it was spoken goes out at once, the rest as the close decodes) and
+``...completed`` with the whole transcript. With ``turn_detection: null`` the client's
+``commit`` ends an item, decoded as a file (the HTTP API's path), a delta per segment.
+
+Anything it cannot honour (another audio format, semantic VAD, noise reduction, logprobs, a
+model it does not serve) is an ``error`` event naming the parameter; the session stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import itertools
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+
+from audiofast.asr.options import TranscribeOptions
+from audiofast.audio import SAMPLE_RATE
+from audiofast.stream.protocol import ATTACHED, ProtocolError, StartConfig
+from audiofast.stream.scheduler import FAILURES, LiveSession
+from audiofast.stream.session import Overloaded, StreamSession
+from audiofast.stream.vad import SpeechDetector
+
+if TYPE_CHECKING:
+    from audiofast.stream.server import TranscriptionServer
+
+log = logging.getLogger("audiofast.serve")
+INPUT_RATE = 24000  # OpenAI's PCM16 rate
+MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less than 100 ms
+MODELS = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-realtime")
+
+
+class RealtimeError(ValueError):
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """What ``session.update`` set: the served subset of OpenAI's transcription session."""
+
+    language: str | None
+    prompt: str = ""
+    model: str = "whisper-1"
+    server_vad: bool = True
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+    def describe(self, beta: bool) -> dict[str, Any]:
+        """The session object of ``session.created`` / ``.updated`` (beta or GA shape)."""
+        transcription = {"model": self.model, "language": self.language, "prompt": self.prompt}
+        turn = {"type": "server_vad", "threshold": self.threshold,
+                "prefix_padding_ms": self.prefix_padding_ms,
+                "silence_duration_ms": self.silence_duration_ms} if self.server_vad else None
+        if beta:
+            return {"object": "realtime.transcription_session", "input_audio_format": "pcm16",
+                    "input_audio_transcription": transcription, "turn_detection": turn}
+        return {"type": "transcription", "object": "realtime.transcription_session",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": INPUT_RATE},
+                                    "transcription": transcription, "turn_detection": turn,
+                                    "noise_reduction": None}}}
+
+
+def updated_config(config: RealtimeConfig, session: Any, beta: bool,
+                   languages: set[str], served: str) -> RealtimeConfig:
+    """``config`` with a ``session.update``'s ``session`` applied; RealtimeError if it asks
+    for something this server does not do."""
+    if not isinstance(session, dict):
+        raise RealtimeError("invalid_value", "session must be an object", "session")
+    where = "session" if beta else "session.audio.input"
+    if beta:
+        source, fmt = session, session.get("input_audio_format", "pcm16")
+        transcription = session.get("input_audio_transcription")
+        if fmt != "pcm16":
+            raise RealtimeError("unsupported_format", f"input_audio_format {fmt!r} is not "
+                                "supported here: send pcm16 (24 kHz mono)",
+                                "session.input_audio_format")
+        if session.get("input_audio_noise_reduction") is not None:
+            raise RealtimeError("unsupported", "noise reduction is not supported here",
+                                "session.input_audio_noise_reduction")
+    else:
+        if session.get("type", "transcription") != "transcription":
+            raise RealtimeError("unsupported", "this server runs transcription sessions only "
+                                "(session.type 'transcription')", "session.type")
+        audio = session.get("audio") or {}
+        source = audio.get("input") or {} if isinstance(audio, dict) else {}
+        if not isinstance(source, dict):
+            raise RealtimeError("invalid_value", "audio.input must be an object", where)
+        fmt = source.get("format") or {"type": "audio/pcm"}
+        if not isinstance(fmt, dict) or fmt.get("type") != "audio/pcm" \
+                or fmt.get("rate", INPUT_RATE) != INPUT_RATE:
+            raise RealtimeError("unsupported_format", f"audio format {fmt!r} is not supported "
+                                "here: send audio/pcm at 24000 Hz", f"{where}.format")
+        transcription = source.get("transcription")
+        if source.get("noise_reduction") is not None:
+            raise RealtimeError("unsupported", "noise reduction is not supported here",
+                                f"{where}.noise_reduction")
+    if session.get("include"):
+        raise RealtimeError("unsupported", "include (logprobs) is not supported here",
+                            "session.include")
+    if transcription is not None:
+        if not isinstance(transcription, dict):
+            raise RealtimeError("invalid_value", "transcription must be an object",
+                                f"{where}.transcription")
+        model = transcription.get("model", config.model)
+        if model not in (served, *MODELS):
+            raise RealtimeError("invalid_model", f"model {model!r} is not served here (this "
+                                f"server runs {served!r}; {', '.join(MODELS)} mean it too)",
+                                f"{where}.transcription.model")
+        language = transcription.get("language", config.language) or None
+        if language is not None and language not in languages:
+            raise RealtimeError("invalid_language", f"unknown language {str(language)[:20]!r}",
+                                f"{where}.transcription.language")
+        prompt = transcription.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise RealtimeError("invalid_value", "prompt must be a string",
+                                f"{where}.transcription.prompt")
+        config = replace(config, model=model, language=language, prompt=prompt)
+    if "turn_detection" in source:
+        config = _turn_detection(config, source["turn_detection"], f"{where}.turn_detection")
+    return config
+
+
+def _turn_detection(config: RealtimeConfig, turn: Any, param: str) -> RealtimeConfig:
+    if turn is None:
+        return replace(config, server_vad=False)
+    if not isinstance(turn, dict) or turn.get("type", "server_vad") != "server_vad":
+        kind = turn.get("type") if isinstance(turn, dict) else turn
+        raise RealtimeError("unsupported", f"turn detection {str(kind)[:30]!r} is not "
+                            "supported here: use server_vad or null", param)
+    threshold = turn.get("threshold", config.threshold)
+    padding = turn.get("prefix_padding_ms", config.prefix_padding_ms)
+    silence = turn.get("silence_duration_ms", config.silence_duration_ms)
+    if not isinstance(threshold, int | float) or not 0.0 < threshold < 1.0:
+        raise RealtimeError("invalid_value", "threshold must be in (0, 1)", f"{param}.threshold")
+    for name, value in (("prefix_padding_ms", padding), ("silence_duration_ms", silence)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 10_000:
+            raise RealtimeError("invalid_value", f"{name} must be an integer in [0, 10000]",
+                                f"{param}.{name}")
+    return replace(config, server_vad=True, threshold=float(threshold),
+                   prefix_padding_ms=padding, silence_duration_ms=silence)
+
+
+@dataclass
+class Item:
+    """One utterance (server VAD) or one committed buffer: a user message item."""
+
+    id: str
+    text: str = ""
+    pending: str = ""  # text decoded before the item was committed, sent with the commit
+    committed: bool = False
+    done: bool = False
+    seconds: float = 0.0  # its audio, for the completed event's usage
+
+
+class RealtimeSession(LiveSession):
+    """A live session whose events leave in OpenAI's Realtime shapes (``emit`` translates
+    our ``final`` events and the VAD's utterances into them, in order, as they happen)."""
+
+    def __init__(self, ws: WebSocket, config: RealtimeConfig, stream: StreamSession | None,
+                 beta: bool, max_outbox: int, failures: Counter[str]):
+        start = StartConfig(INPUT_RATE, "pcm_s16le", 1, config.language)
+        super().__init__(ws, start, stream, max_outbox, failures)  # type: ignore[arg-type]
+        self.realtime, self.beta = config, beta
+        self.items: dict[int, Item] = {}  # by utterance index (server VAD) or commit count
+        self.hidden: set[int] = set()  # utterances the client cleared
+        self.buffer: list[np.ndarray] = []  # manual turns: audio since the last commit
+        self.previous_id: str | None = None
+        self._event_ids = itertools.count(1)
+        self._item_ids = itertools.count(1)
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {"type": kind, "event_id": f"event_{self.id}_{next(self._event_ids)}", **fields}
+
+    def error(self, code: str, message: str, param: str | None = None,
+              client_event: str | None = None) -> dict[str, Any]:
+        return self.event("error", error={"type": "invalid_request_error", "code": code,
+                                          "message": message, "param": param,
+                                          "event_id": client_event})
+
+    def new_item(self, key: int) -> Item:
+        item = self.items[key] = Item(f"item_{self.id}_{next(self._item_ids)}")
+        return item
+
+    def emit(self, events: list[dict[str, Any]]) -> None:
+        out = self._turns()  # an utterance's onset goes out before its text
+        for event in events:
+            if event["type"] == "final" and event["utterance"] not in self.hidden:
+                item = self.items.get(event["utterance"]) or self.new_item(event["utterance"])
+                out += self._text(item, event["text"])
+            elif event["type"] == "error" and "error" not in event:  # ours, from the policy
+                out.append(self.error(event.get("code", "error"), event["message"]))
+            elif event["type"].startswith(("input_audio_buffer.", "conversation.", "session.",
+                                           "transcription_session.", "error")):
+                out.append(event)  # already in OpenAI's shape
+        super().emit(out + self._closes())
+
+    def _text(self, item: Item, text: str) -> list[dict[str, Any]]:
+        joined = item.text + item.pending
+        piece = text if not joined or text[:1] in ATTACHED else " " + text
+        if not item.committed:
+            item.pending += piece
+            return []
+        item.text += piece
+        return [self.event("conversation.item.input_audio_transcription.delta",
+                           item_id=item.id, content_index=0, delta=piece)]
+
+    def commit(self, item: Item) -> list[dict[str, Any]]:
+        """``committed`` (+ the item's creation), then what was decoded before it."""
+        item.committed = True
+        added = "conversation.item.created" if self.beta else "conversation.item.added"
+        out = [self.event("input_audio_buffer.committed", item_id=item.id,
+                          previous_item_id=self.previous_id),
+               self.event(added, previous_item_id=self.previous_id, item={
+                   "id": item.id, "object": "realtime.item", "type": "message",
+                   "role": "user", "status": "completed",
+                   "content": [{"type": "input_audio", "transcript": None}]})]
+        self.previous_id = item.id
+        if item.pending:
+            out += self._text(item, item.pending.lstrip() if not item.text else item.pending)
+            item.pending = ""
+        return out
+
+    def complete(self, item: Item, seconds: float) -> dict[str, Any]:
+        item.done = True
+        return self.event("conversation.item.input_audio_transcription.completed",
+                          item_id=item.id, content_index=0, transcript=item.text.strip(),
+                          usage={"type": "duration", "seconds": round(seconds, 3)})
+
+    def _turns(self) -> list[dict[str, Any]]:
+        """Server VAD: the utterances' onsets and ends since the last call."""
+        stream = self.stream
+        if stream is None:
+            return []
+        out: list[dict[str, Any]] = []
+        for utt in stream.utterances:
+            item = self.items.get(utt.index)
+            if item is None and utt.index not in self.hidden:
+                item = self.new_item(utt.index)
+                out.append(self.event("input_audio_buffer.speech_started",
+                                      audio_start_ms=ms(utt.onset), item_id=item.id))
+            if item is not None and utt.end is not None and not item.committed:
+                item.seconds = (utt.end - utt.onset) / SAMPLE_RATE
+                out.append(self.event("input_audio_buffer.speech_stopped",
+                                      audio_end_ms=ms(utt.end), item_id=item.id))
+                out += self.commit(item)
+        return out
+
+    def _closes(self) -> list[dict[str, Any]]:
+        """Server VAD: ``completed`` for each utterance the stream has closed (all its text
+        was emitted before it left ``stream.utterances``)."""
+        if self.stream is None:
+            return []
+        out: list[dict[str, Any]] = []
+        open_now = {u.index for u in self.stream.utterances}
+        for index, item in self.items.items():
+            if index > 0 and index not in open_now and not item.done \
+                    and index not in self.hidden:
+                if not item.committed:  # closed before its end was seen here
+                    out += self.commit(item)
+                out.append(self.complete(item, item.seconds))
+        return out
+
+    def fail(self, code: str, message: str | None = None) -> None:
+        if self.over.is_set():
+            return
+        self.failed = code
+        self._failures[code] += 1
+        text, self.close_code = FAILURES[code]
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(self.error(code, message or text))
+        self.over.set()
+
+
+def ms(sample: int) -> int:
+    return round(sample * 1000 / SAMPLE_RATE)
+
+
+def add_realtime(app, server: TranscriptionServer) -> None:
+    """Mount ``/v1/realtime`` (WebSocket) on the HTTP API's app."""
+    options = server.options
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket) -> None:
+        await ws.accept()
+        session = None
+        try:
+            refusal = _refusal(server, ws)
+            if refusal is not None:
+                await ws.send_text(json.dumps({"type": "error", "event_id": "event_0",
+                                               "error": {"type": "invalid_request_error",
+                                                         "code": refusal[0],
+                                                         "message": refusal[1],
+                                                         "param": None, "event_id": None}}))
+                await ws.close(refusal[2])
+                return
+            beta = ws.query_params.get("intent") == "transcription" and \
+                ws.headers.get("openai-beta", "").startswith("realtime=v1")
+            config = RealtimeConfig(  # the VAD settings the live sessions were tuned on
+                language=options.stream.language,
+                model=ws.query_params.get("model") or "whisper-1",
+                threshold=options.vad.threshold,
+                prefix_padding_ms=round(options.stream.pre_roll_s * 1000),
+                silence_duration_ms=round(options.vad.min_silence_s * 1000))
+            session = RealtimeSession(ws, config, None, beta, options.max_outbox,
+                                      server.failures)
+            created = "transcription_session.created" if beta else "session.created"
+            session.emit([session.event(created, session=config.describe(beta))])
+            sender = asyncio.create_task(_send_loop(session))
+            try:
+                await _receive(server, session)
+            except WebSocketDisconnect:
+                return  # the client left: drop the session, nobody else is affected
+            finally:
+                server.sessions.pop(session.id, None)
+                session.over.set()
+                with contextlib.suppress(asyncio.QueueFull):
+                    session.outbox.put_nowait(None)  # the sender stops after what is queued
+                await asyncio.wait([sender], timeout=5)
+                sender.cancel()
+            with contextlib.suppress(RuntimeError):
+                await ws.close(session.close_code)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if session is not None:
+                server.sessions.pop(session.id, None)
+
+
+def _refusal(server: TranscriptionServer, ws: WebSocket) -> tuple[str, str, int] | None:
+    options = server.options
+    if options.token:
+        given = ws.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), options.token.encode()):
+            return "authentication_error", "missing or bad API key (Authorization: Bearer " \
+                "...)", 1008
+    if not server.scheduler.running:
+        return "unavailable", FAILURES["unavailable"][0], 1011
+    if len(server.sessions) >= options.max_sessions:
+        return "busy", f"server busy: {options.max_sessions} sessions already open; try " \
+            "again later", 1013
+    return None
+
+
+async def _send_loop(session: RealtimeSession) -> None:
+    while (event := await session.outbox.get()) is not None:
+        try:
+            await session.ws.send_text(json.dumps(event))
+        except (WebSocketDisconnect, RuntimeError):
+            return
+
+
+async def _receive(server: TranscriptionServer, session: RealtimeSession) -> None:
+    idle = server.options.idle_timeout_s
+    while not session.over.is_set():
+        try:
+            message = await asyncio.wait_for(session.ws.receive_text(), idle)
+        except TimeoutError:
+            session.fail("idle_timeout", f"no message for {idle:g} s; closing")
+            return
+        except KeyError:  # a binary frame: receive_text found no text
+            session.emit([session.error("invalid_event", "send JSON text events; audio goes "
+                                        "base64 in input_audio_buffer.append")])
+            continue
+        client_event = None
+        try:
+            event = json.loads(message)
+            if not isinstance(event, dict):
+                raise RealtimeError("invalid_event", "an event must be a JSON object")
+            client_event = event.get("event_id")
+            await _on_event(server, session, event)
+        except json.JSONDecodeError as e:
+            session.emit([session.error("invalid_json", f"not JSON: {e.msg} at position "
+                                        f"{e.pos}")])
+        except RealtimeError as e:
+            session.emit([session.error(e.code, str(e), e.param, client_event)])
+        except ProtocolError as e:
+            session.emit([session.error(e.code, str(e), None, client_event)])
+        except Overloaded as e:
+            session.fail("overloaded", f"{e}; closing")
+            return
+
+
+async def _on_event(server: TranscriptionServer, session: RealtimeSession,
+                    event: dict[str, Any]) -> None:
+    kind = event.get("type")
+    if kind in ("session.update", "transcription_session.update"):
+        beta = kind == "transcription_session.update" or session.beta
+        if session.stream is not None or session.buffer:
+            raise RealtimeError("session_locked", "update the session before the first "
+                                "audio: this server fixes it then", "session")
+        session.realtime = updated_config(session.realtime, event.get("session"), beta,
+                                          set(server.decoder.tokenizer.languages),
+                                          server.decoder.spec)
+        session.beta = beta
+        updated = "transcription_session.updated" if beta else "session.updated"
+        session.emit([session.event(updated, session=session.realtime.describe(beta))])
+    elif kind == "input_audio_buffer.append":
+        audio = _decode_audio(session, event.get("audio"))
+        if session.realtime.server_vad:
+            if session.stream is None:
+                _open_stream(server, session)
+            await server._feed(session, audio)
+            session.emit([])  # the VAD's onsets and ends
+        else:
+            session.buffer.append(audio)
+    elif kind == "input_audio_buffer.commit":
+        await _commit(server, session)
+    elif kind == "input_audio_buffer.clear":
+        if session.stream is not None:
+            session.hidden.update(u.index for u in session.stream.utterances
+                                  if u.end is None and not _committed(session, u.index))
+        session.buffer.clear()
+        session.emit([session.event("input_audio_buffer.cleared")])
+    else:
+        raise RealtimeError("invalid_event", f"unknown or unsupported event type "
+                            f"{str(kind)[:40]!r} on a transcription session", "type")
+
+
+def _committed(session: RealtimeSession, index: int) -> bool:
+    item = session.items.get(index)
+    return item is not None and item.committed
+
+
+def _decode_audio(session: RealtimeSession, payload: Any) -> np.ndarray:
+    if not isinstance(payload, str):
+        raise RealtimeError("invalid_value", "audio must be a base64 string", "audio")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError("invalid_value", "audio is not valid base64", "audio") from None
+    if len(raw) % 2:
+        raise RealtimeError("invalid_value", f"{len(raw)} bytes is not whole PCM16 samples",
+                            "audio")
+    return session.audio(raw)
+
+
+def _open_stream(server: TranscriptionServer, session: RealtimeSession) -> None:
+    """The live session the scheduler decodes, with the client's VAD settings."""
+    config = session.realtime
+    stream_options = replace(server.options.stream, language=config.language,
+                             pre_roll_s=config.prefix_padding_ms / 1000)
+    vad = server.options.vad
+    vad = replace(vad, threshold=config.threshold, min_silence_s=config.silence_duration_ms / 1000,
+                  neg_threshold=min(vad.neg_threshold, config.threshold - 0.05))
+    session.stream = StreamSession(server.decoder.tokenizer, stream_options,
+                                   SpeechDetector(vad))
+    if config.prompt:
+        tok = server.decoder.tokenizer
+        session.stream.context = tok.encode(" " + config.prompt.strip())[
+            -stream_options.context_tokens:]
+    server.sessions[session.id] = session
+    server.scheduler.wake.set()
+
+
+async def _commit(server: TranscriptionServer, session: RealtimeSession) -> None:
+    if session.realtime.server_vad:
+        stream = session.stream
+        utt = stream.utterances[-1] if stream is not None and stream.utterances else None
+        if utt is None or utt.end is not None or utt.index in session.hidden:
+            raise RealtimeError("input_audio_buffer_commit_empty", "nothing to commit: no "
+                                "speech is open in the buffer")
+        async with session.lock:
+            utt.end = stream.received  # the client ends the turn: as if VAD had
+        session.emit([])
+        server.scheduler.wake.set()
+        return
+    audio = np.concatenate(session.buffer) if session.buffer else np.zeros(0, np.float32)
+    if len(audio) < MIN_COMMIT_S * SAMPLE_RATE:
+        raise RealtimeError("input_audio_buffer_commit_empty", f"buffer too small: "
+                            f"{len(audio) / SAMPLE_RATE * 1000:.0f} ms of audio; commit at "
+                            f"least {MIN_COMMIT_S * 1000:.0f} ms")
+    session.buffer.clear()
+    item = session.new_item(-len(session.items) - 1)  # manual turns: negative keys
+    session.emit(session.commit(item))
+    task = asyncio.create_task(_transcribe_turn(server, session, item, audio))
+    _running.add(task)
+    task.add_done_callback(_running.discard)
+
+
+async def _transcribe_turn(server: TranscriptionServer, session: RealtimeSession, item: Item,
+                           audio: np.ndarray) -> None:
+    """A committed buffer, decoded as the HTTP API decodes a file; a delta per segment."""
+    loop = asyncio.get_running_loop()
+    config = session.realtime
+    options = TranscribeOptions(language=config.language, initial_prompt=config.prompt or None)
+
+    def each(segment) -> None:
+        loop.call_soon_threadsafe(lambda: session.emit(session._text(item, segment.text.strip())))
+
+    try:
+        async with server.file_lock:
+            await asyncio.to_thread(server.runtime.transcribe, audio, options, False, False,
+                                    each)
+    except Exception as err:  # e.g. another language on an English-only model
+        log.warning("realtime session %d: transcription failed: %s", session.id, err)
+        session.emit([session.event(
+            "conversation.item.input_audio_transcription.failed", item_id=item.id,
+            content_index=0, error={"type": "transcription_error", "code": "failed",
+                                    "message": str(err).splitlines()[0] or type(err).__name__,
+                                    "param": None})])
+        return
+    session.emit([session.complete(item, len(audio) / SAMPLE_RATE)])
+
+
+_running: set[asyncio.Task] = set()
