@@ -49,6 +49,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1
   fi
+  # WhisperLive's own client for its compatibility test, without PyAudio (it needs PortAudio
+  # to build; the test stubs the sound card): its other dependencies are in [dev].
+  if ! "$VENV/bin/python" -m pip install -q --no-deps whisper-live-client==0.6.3 \
+      >>"$VENV/pip.log" 2>&1; then
+    echo "setup: pip install whisper-live-client failed (full log: $VENV/pip.log)" >&2
+    exit 1
+  fi
   "$VENV/bin/python" -c "import audiofast, torch, av, ctranslate2, transformers" \
     || { echo "setup: Python dependencies failed to install" >&2; exit 1; }
   echo "$want" > "$stamp"

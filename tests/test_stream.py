@@ -280,7 +280,7 @@ def test_whisperlive_client_dialect(server, clips):
             return ready, [json.loads(m) async for m in ws]
 
     ready, messages = asyncio.run(run())
-    assert ready == {"uid": "c1", "message": "SERVER_READY", "backend": "audiofast"}
+    assert ready == {"uid": "c1", "message": "SERVER_READY", "backend": "faster_whisper"}
     assert messages[-1] == {"uid": "c1", "message": "DISCONNECT"}
     completed = [s for s in messages[-2]["segments"] if s["completed"]]
     text = " ".join(s["text"] for s in completed)

@@ -146,27 +146,41 @@ def error_event(code: str, message: str) -> dict[str, Any]:
 
 
 class WhisperLiveView:
-    """Maps our events to WhisperLive's messages: segments with ``completed`` flags."""
+    """Maps our events to WhisperLive's messages: segments with ``completed`` flags.
+
+    WhisperLive's client keeps the last incomplete segment it saw and, when it writes its
+    transcript, adds it after the completed ones unless it repeats the last of them. So a
+    final first goes out as the live tail (unless the tail already said it), then completed:
+    the client's tail is never a stale partial of a line long since finished. The ready
+    message names the backend ``faster_whisper``: the client keeps a transcript (and writes
+    its SRT) only for the backend whose segment semantics these are."""
 
     def __init__(self, uid: str, keep: int = 10):
         self.uid, self.keep = uid, keep
         self.completed: list[dict[str, Any]] = []
+        self.tail = ""  # the text of the live tail the client holds
 
-    def translate(self, event: dict[str, Any]) -> dict[str, Any] | None:
+    def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         kind = event["type"]
         if kind == "ready":
-            return {"uid": self.uid, "message": "SERVER_READY", "backend": "audiofast"}
+            return [{"uid": self.uid, "message": "SERVER_READY", "backend": "faster_whisper"}]
         if kind == "closed":
-            return {"uid": self.uid, "message": "DISCONNECT"}
+            return [{"uid": self.uid, "message": "DISCONNECT"}]
         if kind == "error":
-            return {"uid": self.uid, "status": "ERROR", "message": event["message"]}
+            return [{"uid": self.uid, "status": "ERROR", "message": event["message"]}]
+        out = []
         if kind == "final":
+            if self.tail != event["text"]:
+                out.append(self._with_tail(event))
             self.completed = [*self.completed, _segment(event, True)][-self.keep:]
-            return {"uid": self.uid, "segments": self.completed}
-        if kind == "partial" and event["text"]:
-            tail = _segment(event | {"end": event["start"]}, False)
-            return {"uid": self.uid, "segments": [*self.completed, tail]}
-        return None
+            out.append({"uid": self.uid, "segments": self.completed})
+        elif kind == "partial" and event["text"]:
+            out.append(self._with_tail(event | {"end": event["start"]}))
+        return out
+
+    def _with_tail(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.tail = event["text"]
+        return {"uid": self.uid, "segments": [*self.completed, _segment(event, False)]}
 
 
 def _segment(event: dict[str, Any], completed: bool) -> dict[str, Any]:

@@ -89,9 +89,10 @@ class LiveSession:
         self.emit([{"type": "closed", "reason": "end of audio"}])
         self.over.set()
 
-    def wire(self, event: dict[str, Any]) -> str | None:
-        message = self.view.translate(event) if self.view else event
-        return json.dumps(message) if message is not None else None
+    def wire(self, event: dict[str, Any]) -> list[str]:
+        """The WebSocket messages ``event`` becomes in this session's dialect."""
+        messages = self.view.translate(event) if self.view else [event]
+        return [json.dumps(message) for message in messages]
 
 
 class DecodeScheduler:

@@ -299,13 +299,11 @@ class TranscriptionServer:
 
     async def _send_loop(self, session: LiveSession) -> None:
         while (event := await session.outbox.get()) is not None:
-            text = session.wire(event)
-            if text is None:
-                continue
-            try:
-                await session.ws.send(text)
-            except ConnectionClosed:
-                return
+            for text in session.wire(event):
+                try:
+                    await session.ws.send(text)
+                except ConnectionClosed:
+                    return
 
     @staticmethod
     async def _refuse(ws: ServerConnection, code: str, message: str, close_code: int) -> None:
