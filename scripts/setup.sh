@@ -50,8 +50,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     exit 1
   fi
   # WhisperLive's own client for its compatibility test, without PyAudio (it needs PortAudio
-  # to build; the test stubs the sound card): its other dependencies are in [dev].
-  if ! "$VENV/bin/python" -m pip install -q --no-deps whisper-live-client==0.6.3 \
+  # to build; the test stubs the sound card): its other dependencies are in [dev]. A folder
+  # of its own: the wheel also ships a top-level `tests` package that would shadow ours.
+  if ! "$VENV/bin/python" -m pip install -q --no-deps --upgrade \
+      --target "$VENV/whisper-live-client" whisper-live-client==0.6.3 \
       >>"$VENV/pip.log" 2>&1; then
     echo "setup: pip install whisper-live-client failed (full log: $VENV/pip.log)" >&2
     exit 1

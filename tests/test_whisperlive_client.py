@@ -8,12 +8,15 @@ from __future__ import annotations
 import re
 import sys
 import types
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from audiofast.eval.wer import wer
 from audiofast.stream.server import ServerOptions, ServerThread
+
+CLIENT_DIR = Path(sys.prefix) / "whisper-live-client"
 
 
 class _Stream:
@@ -37,6 +40,9 @@ def transcription_client(monkeypatch):
     stub = types.ModuleType("pyaudio")
     stub.paInt16, stub.PyAudio = 8, _PyAudio
     monkeypatch.setitem(sys.modules, "pyaudio", stub)
+    # scripts/setup.sh installs the client in a folder of its own (its wheel ships a
+    # top-level `tests` package too)
+    monkeypatch.syspath_prepend(str(CLIENT_DIR))
     for name in [m for m in sys.modules if m.startswith("whisper_live")]:
         monkeypatch.delitem(sys.modules, name)
     from whisper_live.transcription_client import TranscriptionClient
