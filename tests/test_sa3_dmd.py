@@ -60,8 +60,8 @@ def test_dmd_lowers_its_loss_and_interleaves_critic_updates(folded_dir: Path, tm
     # prompt, while the fake score keeps denoising the student's clips as well as before
     assert after["critic_gan"] < 0.8 * before["critic_gan"], (before, after)
     assert after["critic_fit"] < 1.02 * before["critic_fit"], (before, after)
-    lines = [json.loads(x) for x in
-             stage.checkpoint.with_name(stage.checkpoint.name + ".log.jsonl").read_text().splitlines()]
+    log = stage.checkpoint.with_name(stage.checkpoint.name + ".log.jsonl")
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["critic_updates"] for r in lines] == [3 * (r["step"] + 1) for r in lines]
     assert all({"dmd", "generator_gan", "critic_denoise", "critic_gan", "critic_contrastive",
                 "critic_r1"} <= r.keys() for r in lines)
