@@ -132,8 +132,8 @@ class RealtimeSession(LiveSession):
                    "content": [{"type": "input_audio", "transcript": None}]})]
         self.previous_id = item.id
         if item.pending:
-            out += self._text(item, item.pending.lstrip() if not item.text else item.pending)
-            item.pending = ""
+            pending, item.pending = item.pending.strip(), ""
+            out += self._text(item, pending)
         return out
 
     def complete(self, item: Item, seconds: float) -> dict[str, Any]:
