@@ -295,3 +295,50 @@ def test_stream_command_errors_are_one_line(clips, tmp_path):
         main(["stream", str(tmp_path / "missing.wav")])
     with pytest.raises(SystemExit, match="cannot reach ws://127.0.0.1:9/asr"):
         main(["stream", str(clips["clone-test"].audio), "--url", "ws://127.0.0.1:9/asr"])
+
+
+def metrics(url: str) -> dict[str, float]:
+    """``/metrics`` parsed: every sample has its HELP and TYPE lines (Prometheus' format)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.replace("ws://", "http://").replace("/asr", "/metrics"),
+                                timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        lines = response.read().decode().splitlines()
+    samples = {}
+    for line in lines:
+        if not line.startswith("#"):
+            name, value = line.split()
+            assert f"# TYPE {name} gauge" in lines or f"# TYPE {name} counter" in lines, name
+            assert any(x.startswith(f"# HELP {name} ") for x in lines), name
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_count_sessions_and_decodes(server, clips):
+    _, url = server
+    audio = load_audio(clips["clone-test"].audio)
+    before = metrics(url)
+    assert before["audiofast_up"] == 1 and before["audiofast_max_sessions"] == 3
+
+    async def run():
+        async with connect(url) as ws:
+            await ws.send(json.dumps({"type": "start"}))
+            await ws.recv()  # ready: the session is open
+            during = metrics(url)
+            for i in range(0, len(audio), 16000):
+                await ws.send((audio[i:i + 16000] * 32767).astype("<i2").tobytes())
+            await ws.send(json.dumps({"type": "end"}))
+            async for _ in ws:
+                pass
+            return during
+
+    during = asyncio.run(run())
+    assert during["audiofast_sessions"] == before["audiofast_sessions"] + 1
+    deadline = time.monotonic() + 10
+    while metrics(url)["audiofast_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = metrics(url)
+    assert after["audiofast_sessions"] == 0 and after["audiofast_pending_audio_seconds"] == 0
+    assert after["audiofast_decodes_total"] > before["audiofast_decodes_total"]
+    assert after["audiofast_decode_seconds_total"] > before["audiofast_decode_seconds_total"]

@@ -153,6 +153,11 @@ class TranscriptionServer:
                                ("Content-Length", str(len(page))),
                                ("Cache-Control", "no-store")])
             return Response(200, "OK", headers, page)
+        if path == "/metrics":
+            headers = Headers([("Content-Type", "text/plain; version=0.0.4; charset=utf-8")])
+            body = self.metrics().encode()
+            headers["Content-Length"] = str(len(body))
+            return Response(200, "OK", headers, body)
         if path == "/health":
             health = self.health()
             status = http.HTTPStatus.OK if health["ok"] else http.HTTPStatus.SERVICE_UNAVAILABLE
@@ -171,6 +176,32 @@ class TranscriptionServer:
                 "sessions": len(self.sessions), "max_sessions": self.options.max_sessions,
                 **self.stats, "failures": dict(self.failures), "engine": self.decoder.engine,
                 "decoder": dict(self.decoder.stats)}
+
+    def metrics(self) -> str:
+        """Prometheus' text format: what a load balancer or dashboard needs of this replica
+        (sessions against capacity, audio waiting to be decoded, decode work so far)."""
+        pending = sum(s.stream.pending_seconds() for s in list(self.sessions.values())
+                      if s.stream is not None)
+        decoder = self.decoder.stats
+        rows = [
+            ("sessions", "gauge", "open live sessions", len(self.sessions)),
+            ("max_sessions", "gauge", "sessions this replica takes", self.options.max_sessions),
+            ("pending_audio_seconds", "gauge", "audio received and not yet decoded", pending),
+            ("decode_batches_total", "counter", "decode batches run", self.stats["batches"]),
+            ("decodes_total", "counter", "session decodes run", self.stats["decoded"]),
+            ("decode_seconds_total", "counter", "encoder + decoder seconds",
+             decoder["encoder_s"] + decoder["decoder_s"]),
+            ("http_requests_total", "counter", "files decoded over HTTP",
+             self.stats["http_requests"]),
+            ("session_failures_total", "counter", "sessions ended by an error",
+             sum(self.failures.values())),
+            ("up", "gauge", "1 while the decode scheduler runs", int(self.scheduler.running)),
+        ]
+        lines = []
+        for name, kind, help_text, value in rows:
+            lines += [f"# HELP audiofast_{name} {help_text}", f"# TYPE audiofast_{name} {kind}",
+                      f"audiofast_{name} {float(value):g}"]
+        return "\n".join(lines) + "\n"
 
     # -- one connection ----------------------------------------------------------------
     async def _handle(self, ws: ServerConnection) -> None:
