@@ -68,15 +68,10 @@ def model_spec(model_size_or_path: str) -> str:
 
 def format_timestamp(seconds: float, always_include_hours: bool = False,
                      decimal_marker: str = ".") -> str:
-    """``[HH:]MM:SS.mmm``, as faster-whisper's utility prints times."""
-    if seconds < 0:
-        raise ValueError(f"non-negative timestamp expected, got {seconds}")
-    milliseconds = round(seconds * 1000.0)
-    hours, milliseconds = divmod(milliseconds, 3_600_000)
-    minutes, milliseconds = divmod(milliseconds, 60_000)
-    secs, milliseconds = divmod(milliseconds, 1000)
-    hours_marker = f"{hours:02d}:" if always_include_hours or hours > 0 else ""
-    return f"{hours_marker}{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
+    """``[HH:]MM:SS.mmm``, as faster-whisper's utility prints times (the subtitle writers')."""
+    from audiofast.asr.writers import format_timestamp as subtitle_time
+
+    return subtitle_time(seconds, decimal_marker, always_include_hours)
 
 
 def decode_audio(input_file: str | BinaryIO, sampling_rate: int = 16000,

@@ -3,8 +3,6 @@ translated, in order, into OpenAI's item events (openai_realtime.py serves them)
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 from collections import Counter
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from fastapi import WebSocket
 from audiofast.audio import SAMPLE_RATE
 from audiofast.stream.protocol import ATTACHED, StartConfig
 from audiofast.stream.realtime_config import INPUT_RATE, RealtimeConfig
-from audiofast.stream.scheduler import FAILURES, LiveSession
+from audiofast.stream.scheduler import LiveSession
 from audiofast.stream.session import StreamSession
 
 
@@ -140,15 +138,8 @@ class RealtimeSession(LiveSession):
                 out.append(self.complete(item, item.seconds))
         return out
 
-    def fail(self, code: str, message: str | None = None) -> None:
-        if self.over.is_set():
-            return
-        self.failed = code
-        self._failures[code] += 1
-        text, self.close_code = FAILURES[code]
-        with contextlib.suppress(asyncio.QueueFull):
-            self.outbox.put_nowait(self.error(code, message or text))
-        self.over.set()
+    def failure_event(self, code: str, message: str) -> dict[str, Any]:
+        return self.error(code, message)
 
 
 def ms(sample: int) -> int:

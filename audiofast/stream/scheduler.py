@@ -81,8 +81,12 @@ class LiveSession:
         self._failures[code] += 1
         text, self.close_code = FAILURES[code]
         with contextlib.suppress(asyncio.QueueFull):
-            self.outbox.put_nowait(error_event(code, message or text))
+            self.outbox.put_nowait(self.failure_event(code, message or text))
         self.over.set()
+
+    def failure_event(self, code: str, message: str) -> dict[str, Any]:
+        """The event that tells the client why its session ended (a dialect may reshape it)."""
+        return error_event(code, message)
 
     def finish(self) -> None:
         """All audio is decoded after the client's end message."""
