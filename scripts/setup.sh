@@ -14,10 +14,11 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 #    fortunes (quotations and literature: the ASR lane's domain text corpus for distillation),
 #    g++ (builds the decoder's C++ kernels; without it CTranslate2 decodes),
 #    postgresql (server binaries for the distributed sweep test: it starts a throwaway cluster
-#    in a temp dir on a free loopback port and stops it; setup starts no server).
+#    in a temp dir on a free loopback port and stops it; setup starts no server),
+#    haproxy (the load balancer of the scale-out test and configs/haproxy/; not started).
 missing=()
-for tool in ffmpeg espeak-ng flite sox chromium g++; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
+for tool in ffmpeg espeak-ng flite sox chromium g++ haproxy; do
+  command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
 done
 [ -f /usr/share/games/fortunes/literature ] || missing+=(fortunes)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
@@ -44,7 +45,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     exit 1
   fi
   if ! "$VENV/bin/python" -m pip install -q -c scripts/constraints.txt \
-      -e ".[serve,eval,openvino,models,diffusion,sweep,dev]" >>"$VENV/pip.log" 2>&1; then
+      -e ".[serve,eval,openvino,models,diffusion,sweep,ray,dev]" >>"$VENV/pip.log" 2>&1; then
     grep -v "is ignored" "$VENV/pip.log" | tail -n 20 >&2
     echo "setup: pip install failed (full log: $VENV/pip.log)" >&2
     exit 1

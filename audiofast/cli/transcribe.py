@@ -15,7 +15,7 @@ DEFAULTS = TranscribeOptions()  # the library's defaults are the CLI's
 
 def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("transcribe", help="transcribe audio files (any format ffmpeg reads)")
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("files", nargs="*", type=Path, metavar="FILE")
     p.add_argument("--model", default=None,
                    help="packaged name (whisper-base, whisper-tiny.en), CTranslate2 or Hugging "
                         "Face directory, or hub id (default: whisper-base)")
@@ -76,6 +76,18 @@ def add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="a configuration chosen by 'audiofast sweep' (configs/presets/NAME.yaml "
                    "or a YAML path): sets the options left at their defaults")
+    p.add_argument("--ray", type=Path, default=None, metavar="DIR|MANIFEST",
+                   help="transcribe a corpus on a Ray cluster (the [ray] extra) into --output "
+                   "(parquet): a directory of audio files or a manifest (one path per line); "
+                   "resumable, a second run skips the files done")
+    p.add_argument("--output", type=Path, default=None, metavar="FILE.parquet",
+                   help="with --ray: the parquet file of transcripts")
+    p.add_argument("--workers", type=_count, default=0, metavar="N",
+                   help="with --ray: model replicas (Ray actors); 0 (default): the cluster's "
+                   "CPUs / --threads")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="with --ray: join this cluster (default: RAY_ADDRESS, else start one "
+                   "here)")
     p.set_defaults(run=_run_transcribe, preset_defaults=_preset_defaults(p))
 
 
@@ -123,6 +135,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         from audiofast.sweep.preset import apply_cli_preset
 
         tuning = apply_cli_preset(args, "asr")
+    if (args.ray is None) == (not args.files):
+        raise SystemExit("audiofast: error: give audio FILEs or --ray DIR|MANIFEST (not both)")
     if args.format == "all" and args.output_dir is None:
         raise SystemExit("audiofast: error: --format all needs --output-dir")
     formats = list(FORMATS) if args.format == "all" else [args.format or "txt"]
@@ -133,6 +147,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         word_timestamps=args.word_timestamps,
         hallucination_silence_threshold=args.hallucination_silence_threshold,
     )
+    if args.ray is not None:
+        return _run_corpus(args, options)
     model = load_model(args.model, args.engine, threads=args.threads,
                        compute_type=args.compute_type, precision=args.precision,
                        encoder=args.encoder, drafter=args.drafter, draft_model=args.draft_model)
@@ -155,3 +171,31 @@ def _run_transcribe(args: argparse.Namespace) -> int:
             for fmt in formats:
                 print(write_transcript(result, path, fmt, args.output_dir))
     return 1 if failures else 0
+
+
+def _run_corpus(args: argparse.Namespace, options) -> int:
+    if args.output is None:
+        raise SystemExit("audiofast: error: --ray needs --output FILE.parquet")
+    try:
+        from audiofast.scale.ray_corpus import CorpusError, transcribe_corpus
+    except ImportError as err:
+        raise SystemExit(f"audiofast: error: --ray needs the [ray] extra ({err})") from None
+    model_args = dict(model=args.model, engine=args.engine, compute_type=args.compute_type,
+                      precision=args.precision, encoder=args.encoder, drafter=args.drafter,
+                      draft_model=args.draft_model)
+    try:
+        summary = transcribe_corpus(
+            args.ray, args.output, model_args=model_args, options=options, vad_filter=args.vad,
+            workers=args.workers or None, threads_per_worker=args.threads or 1,
+            address=args.ray_address, progress=args.progress is not False)
+    except CorpusError as err:
+        raise SystemExit(f"audiofast: error: {err}") from None
+    for path, error in summary.failed:
+        print(f"audiofast: error: {error if error.startswith(path) else f'{path}: {error}'}",
+              file=sys.stderr)
+    rate = (f", {summary.audio_seconds / summary.wall_seconds:.1f}x real time on "
+            f"{summary.workers} worker(s)" if summary.wall_seconds else "")
+    print(f"{summary.output}: {summary.files} files ({summary.transcribed} transcribed now, "
+          f"{summary.audio_seconds:.0f} s of audio in {summary.wall_seconds:.1f} s{rate}; "
+          f"{len(summary.failed)} failed)", file=sys.stderr)
+    return 1 if summary.failed else 0
