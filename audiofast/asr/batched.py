@@ -162,9 +162,12 @@ def decode_group(runtime: BatchDecoder, mel: np.ndarray, group: list[Chunk],
     stats["decoder_s"] += time.perf_counter() - t1
     for chunk, (start, end), prompt, result in zip(group, spans, prompts, results, strict=True):
         result.compression_ratio = compression_ratio(tok.decode(result.tokens))
-        if not (passes_checks(result, options) and fits_window(result, end - start)):
-            # Whisper saw 30 s windows in training and sometimes loops on less: decode this
-            # window again alone, the standard way, with temperature fallback.
+        # Whisper saw 30 s windows in training and sometimes loops on less: a window that
+        # fails is decoded again alone, the standard way, with temperature fallback (unless
+        # that would repeat this very decode: a 30 s window and one temperature).
+        retry_differs = frames < N_FRAMES or len(options.temperatures) > 1
+        if retry_differs and not (passes_checks(result, options)
+                                  and fits_window(result, end - start)):
             stats["full_window_retries"] += 1
             t0 = time.perf_counter()
             full = runtime.encode(pad_or_trim(mel[:, start:end]))

@@ -16,6 +16,16 @@ def refuse(name: str, value: object, default: object, why: str) -> None:
                          f"leave it at {default!r}")
 
 
+def given_temperatures(args: dict) -> tuple[float, ...]:
+    """``temperature`` (one value or a sequence) as a tuple of floats."""
+    temperature = args["temperature"]
+    temperatures = tuple(float(t) for t in (
+        temperature if isinstance(temperature, list | tuple) else [temperature]))
+    if not temperatures:
+        raise ValueError("temperature must name at least one value")
+    return temperatures
+
+
 def transcribe_options(args: dict, batch_size: int) -> TranscribeOptions:
     """faster-whisper's arguments as audiofast's options; refuses what has no equivalent."""
     refuse("repetition_penalty", args["repetition_penalty"], 1, "no repetition penalty")
@@ -40,11 +50,7 @@ def transcribe_options(args: dict, batch_size: int) -> TranscribeOptions:
     if batch_size and args["word_timestamps"]:
         raise ValueError("word_timestamps=True is not supported by audiofast's batched loop;"
                          " use WhisperModel.transcribe")
-    temperature = args["temperature"]
-    temperatures = tuple(float(t) for t in (
-        temperature if isinstance(temperature, list | tuple) else [temperature]))
-    if not temperatures:
-        raise ValueError("temperature must name at least one value")
+    temperatures = given_temperatures(args)
     suppress = args["suppress_tokens"]
     return TranscribeOptions(
         language=args["language"], task=args["task"], beam_size=args["beam_size"],
@@ -55,14 +61,16 @@ def transcribe_options(args: dict, batch_size: int) -> TranscribeOptions:
         suppress_blank=args["suppress_blank"],
         suppress_tokens=tuple(suppress) if suppress is not None else (),
         max_new_tokens=args["max_new_tokens"] or TranscribeOptions.max_new_tokens,
-        temperatures=temperatures,
+        # faster-whisper's batched pipeline decodes each chunk once, at the first temperature
+        # (no fallback), on a 30 s window: the same here, so its transcripts are ours too.
+        temperatures=temperatures[:1] if batch_size else temperatures,
         compression_ratio_threshold=args["compression_ratio_threshold"],
         log_prob_threshold=args["log_prob_threshold"],
         no_speech_threshold=args["no_speech_threshold"],
         condition_on_previous_text=args["condition_on_previous_text"] and not batch_size,
         initial_prompt=prompt, word_timestamps=args["word_timestamps"],
         hallucination_silence_threshold=args["hallucination_silence_threshold"],
-        window_pad=TranscribeOptions.window_pad, batch_size=batch_size,
+        window_pad=None if batch_size else TranscribeOptions.window_pad, batch_size=batch_size,
         chunk_length=float(args["chunk_length"] or (30 if batch_size else 25)),
     )
 
@@ -78,7 +86,7 @@ def faster_whisper_options(args: dict, ours: TranscribeOptions) -> Transcription
         compression_ratio_threshold=ours.compression_ratio_threshold,
         condition_on_previous_text=ours.condition_on_previous_text,
         prompt_reset_on_temperature=args["prompt_reset_on_temperature"],
-        temperatures=list(ours.temperatures), initial_prompt=ours.initial_prompt,
+        temperatures=list(given_temperatures(args)), initial_prompt=ours.initial_prompt,
         prefix=args["prefix"], suppress_blank=ours.suppress_blank,
         suppress_tokens=list(ours.suppress_tokens), without_timestamps=ours.without_timestamps,
         max_initial_timestamp=ours.max_initial_timestamp, word_timestamps=ours.word_timestamps,

@@ -258,8 +258,11 @@ def transcribe_corpus(source: str | Path, output: str | Path, *,
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # ours counts files, theirs counts blocks
         # Reading bytes takes no CPU slot: with every CPU held by a model actor, a read task
-        # that asked for one would wait forever (Ray Data's budget deadlocks on small clusters).
-        files_read = ray.data.read_binary_files(todo, include_paths=True, num_cpus=0)
+        # that asked for one would wait forever (Ray Data's budget deadlocks on small
+        # clusters). Two at a time: a zero-CPU task is otherwise unbounded, and each in flight
+        # is a Python process of its own competing with the models for the cores.
+        files_read = ray.data.read_binary_files(todo, include_paths=True, num_cpus=0,
+                                                concurrency=2)
         dataset = files_read.map_batches(
             CorpusTranscriber, batch_size=1, batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads_per_worker,
