@@ -19,6 +19,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="also serve OpenAI's audio API (/v1/audio/transcriptions, "
                    "/v1/audio/translations, /v1/models) on this port")
     p.add_argument("--max-sessions", type=int, default=8)
+    p.add_argument("--agent-port", type=int, default=None, metavar="PORT",
+                   help="answer HAProxy's agent check here: 'drain' while --max-sessions are "
+                   "open, 'ready' otherwise (configs/haproxy/audiofast.cfg)")
     p.add_argument("--token", default=None, help="bearer token clients must present (shows "
                    "in ps: prefer --token-file or $AUDIOFAST_TOKEN)")
     p.add_argument("--token-file", default=None, help="read the bearer token from this file")
@@ -68,7 +71,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     lead_in = {} if args.lead_in is None else {"lead_in_s": args.lead_in}
     options = ServerOptions(args.host, args.port, args.max_sessions, token,
                             stream=StreamOptions(min_chunk_s=args.min_chunk, **lead_in),
-                            allow_origins=tuple(args.allow_origin), http_port=args.http_port)
+                            allow_origins=tuple(args.allow_origin), http_port=args.http_port,
+                            agent_port=args.agent_port)
     if args.precision and args.engine == "ct2":
         raise SystemExit("audiofast: error: --precision sets the fused decoder's weights; "
                          "--engine ct2 decodes on CTranslate2")
@@ -80,7 +84,8 @@ def _run_serve(args: argparse.Namespace) -> int:
                                  probe_pad_s=args.probe_pad)
     print(f"audiofast: serving {server.decoder.spec} ({server.decoder.engine} decoder) on "
           f"http://{args.host}:{args.port}/ (WebSocket: ws://{args.host}:{args.port}/asr)"
-          + (f"; OpenAI API: http://{args.host}:{args.http_port}/v1" if args.http_port else ""),
+          + (f"; OpenAI API: http://{args.host}:{args.http_port}/v1" if args.http_port else "")
+          + (f"; HAProxy agent: {args.host}:{args.agent_port}" if args.agent_port else ""),
           file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve_forever())

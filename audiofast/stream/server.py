@@ -67,6 +67,8 @@ class ServerOptions:
     send_buffer_bytes: int = 64 * 1024
     # OpenAI's audio API (openai_api.py) on this port; None: off; 0: any free port.
     http_port: int | None = None
+    # HAProxy's agent check (haproxy_agent.py) on this port; None: off; 0: any free port.
+    agent_port: int | None = None
     max_upload_bytes: int = 100 * 2**20
     max_upload_s: float = 3600.0
 
@@ -102,6 +104,11 @@ class TranscriptionServer:
         self.scheduler.start()
         if self.options.http_port is not None:
             await self._start_http()
+        if self.options.agent_port is not None:
+            from audiofast.stream.haproxy_agent import start_agent
+
+            self.agent = await start_agent(self, self.options.host, self.options.agent_port)
+            self.agent_port = self.agent.sockets[0].getsockname()[1]
         return await serve(
             self._handle, self.options.host, self.options.port,
             process_request=self._process_request, max_size=self.options.max_frame_bytes,
@@ -176,6 +183,11 @@ class TranscriptionServer:
                 "sessions": len(self.sessions), "max_sessions": self.options.max_sessions,
                 **self.stats, "failures": dict(self.failures), "engine": self.decoder.engine,
                 "decoder": dict(self.decoder.stats)}
+
+    def load(self) -> tuple[int, int, bool]:
+        """(sessions open or opening, max sessions, scheduler running): the agent check's."""
+        return (len(self.sessions) + self._opening, self.options.max_sessions,
+                self.scheduler.running)
 
     def metrics(self) -> str:
         """Prometheus' text format: what a load balancer or dashboard needs of this replica
@@ -368,6 +380,8 @@ class ServerThread:
                 self.server.http.should_exit = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.server._http_task, 10)
+            if self.server.options.agent_port is not None:
+                self.server.agent.close()
             self._ws.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ws.wait_closed(), 10)
