@@ -3,7 +3,8 @@
     python scripts/bench_dit_int8.py --model evals/teacher --batch 32 --runs 15
 
 Options: float32 (the baseline), the project's packed int8 kernel (per-token 8-bit activations,
-exact int32 sums: what ``distill --stage qad`` exports), torch's dynamic int8 quantization of the
+exact int32 sums: what ``distill --stage qad`` exports) with its blocks' norms fused into the
+kernel calls (diffusion/int8_block.py) and without, torch's dynamic int8 quantization of the
 same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
 (dequantized weights, fake-quantized activations: numerics only). Runs are interleaved (each
 round times every option once) and the median per option is reported, with the output's
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from audiofast.diffusion.dit import DiTBlock
 from audiofast.diffusion.generate import load_for_generation
 from audiofast.diffusion.int8 import kernel_available, quantize_dit
 from audiofast.diffusion.qad import quantized_linear_names
@@ -35,6 +37,13 @@ def torch_dynamic(dit: torch.nn.Module) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(dit, names, dtype=torch.qint8)
+
+
+def unfused(dit: torch.nn.Module) -> torch.nn.Module:
+    """The int8 DiT with PyTorch norms between kernel calls (before diffusion/int8_block.py)."""
+    for layer in dit.transformer.layers:
+        layer.__class__ = DiTBlock
+    return dit
 
 
 def main() -> None:
@@ -63,7 +72,8 @@ def main() -> None:
         extra["guidance"] = cfg.student.guidance.scale
     options = {
         "float32": model.dit,
-        "int8 kernel": quantize_dit(copy.deepcopy(model.dit), use_kernel=True),
+        "int8 kernel, fused blocks": quantize_dit(copy.deepcopy(model.dit), use_kernel=True),
+        "int8 kernel, unfused blocks": unfused(quantize_dit(copy.deepcopy(model.dit), True)),
         "torch dynamic int8": torch_dynamic(copy.deepcopy(model.dit)),
         "int8 PyTorch reference": quantize_dit(copy.deepcopy(model.dit), use_kernel=False),
     }
@@ -89,8 +99,9 @@ def main() -> None:
         rows.append({"option": name, "median_s": med, "min_s": min(times[name]),
                      "speedup_vs_fp32": statistics.median(times["float32"]) / med,
                      "relative_error_vs_fp32": err})
-    kernel_vs_ref = ((outputs["int8 kernel"] - outputs["int8 PyTorch reference"]).abs().max()
-                     / outputs["int8 PyTorch reference"].abs().max()).item()
+    reference = outputs["int8 PyTorch reference"]
+    kernel_vs_ref = ((outputs["int8 kernel, fused blocks"] - reference).abs().max()
+                     / reference.abs().max()).item()
     print(f"\nDiT pass, batch {args.batch} x {frames} latents, {args.threads} threads, "
           f"median of {args.runs}\n")
     print("| option | median ms | min ms | speed-up vs fp32 | rel. error vs fp32 |")

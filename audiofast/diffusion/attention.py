@@ -82,17 +82,18 @@ class Attention(nn.Module):
         return x.reshape(b, n, self.heads, -1).transpose(1, 2)
 
     def _project(
-        self, x: torch.Tensor, context: torch.Tensor | None
+        self, x: torch.Tensor, context: torch.Tensor | None, projected: torch.Tensor | None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
         """Per-head ``[q...], [k...], v``; the lists hold one entry, or two when differential."""
         if self.cross:
-            qs = self.to_q(x).chunk(2 if self.differential else 1, dim=-1)
+            q = self.to_q(x) if projected is None else projected
+            qs = q.chunk(2 if self.differential else 1, dim=-1)
             *ks, v = self.to_kv(context).chunk(3 if self.differential else 2, dim=-1)
         elif self.differential:
-            q, k, v, q2, k2 = self.to_qkv(x).chunk(5, dim=-1)
+            q, k, v, q2, k2 = (self.to_qkv(x) if projected is None else projected).chunk(5, -1)
             qs, ks = (q, q2), (k, k2)
         else:
-            q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+            q, k, v = (self.to_qkv(x) if projected is None else projected).chunk(3, dim=-1)
             qs, ks = (q,), (k,)
         return [self._heads(q) for q in qs], [self._heads(k) for k in ks], self._heads(v)
 
@@ -103,6 +104,7 @@ class Attention(nn.Module):
         rope: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         window: tuple[int, int] | None = None,
+        projected: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``x [B, N, dim] -> [B, N, dim]``.
 
@@ -110,8 +112,10 @@ class Attention(nn.Module):
         padding_mask: ``[B, N]``, True = valid. Padded positions get zero values, as upstream
             does without flash-attn (they still take part in the softmax normalizer).
         window: ``(left, right)`` tokens of banded attention; None attends everywhere.
+        projected: ``to_qkv(x)`` (self) or ``to_q(x)`` (cross) computed already (the fused int8
+            block computes it with the norm before it: diffusion/int8_block.py).
         """
-        qs, ks, v = self._project(x, context)
+        qs, ks, v = self._project(x, context, projected)
         if hasattr(self, "q_norm"):
             qs = [self.q_norm(q).to(q.dtype) for q in qs]
             ks = [self.k_norm(k).to(k.dtype) for k in ks]

@@ -112,7 +112,13 @@ def quantize_dit(dit: nn.Module, use_kernel: bool | None = None) -> nn.Module:
             old.use_kernel = use_kernel
         else:
             replace_module(dit, name, Int8Linear.from_linear(old, use_kernel))
-    return dit
+    return _fuse(dit)
+
+
+def _fuse(dit: nn.Module) -> nn.Module:
+    from audiofast.diffusion.int8_block import fuse_int8_blocks_  # it builds on this module
+
+    return fuse_int8_blocks_(dit)
 
 
 def empty_int8_dit_(dit: nn.Module) -> nn.Module:
@@ -122,4 +128,4 @@ def empty_int8_dit_(dit: nn.Module) -> nn.Module:
         old = dit.get_submodule(name)
         replace_module(dit, name, Int8Linear(old.in_features, old.out_features,
                                        old.bias is not None, use_kernel))
-    return dit
+    return _fuse(dit)

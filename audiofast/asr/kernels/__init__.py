@@ -136,6 +136,8 @@ def _load(path: Path) -> ctypes.CDLL:
                                                     arrs, arrs, arrs, arrs, arrs, i64, i64, ptr,
                                                     i64, ptr]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
+    lib.audiofast_modulated_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64,
+                                               ctypes.c_float, arr, ptr, i64]
     lib.audiofast_gelu.argtypes = [ptr, i64]
     lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
@@ -207,6 +209,26 @@ def quant_linear(x: np.ndarray, linear: Sequence[np.ndarray] | ctypes.Array) -> 
     y = np.empty((x.shape[0], arrays[3].shape[0]), dtype=np.float32)
     _check(_library().audiofast_quant_linear(x.ctypes.data, x.shape[0], x.shape[1], arrays,
                                              y.ctypes.data, y.size))
+    return y
+
+
+def modulated_linear(x: np.ndarray, tokens: int, mult: np.ndarray, shift: np.ndarray,
+                     eps: float, linear: Sequence[np.ndarray]) -> np.ndarray:
+    """``L(rms(x) * mult[b] + shift[b])`` for x ``(samples x tokens, in)`` and mult, shift
+    ``(samples, in)``: the DiT's norm, adaLN modulation and row quantization in one pass, then
+    one int8 linear (the four arrays of :func:`quant_linear`)."""
+    if len(linear) != 4:
+        raise ValueError("modulated_linear takes (weight, scales, zero-point terms, bias)")
+    arrays = as_arrays(linear)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    mult = np.ascontiguousarray(mult, dtype=np.float32)
+    shift = np.ascontiguousarray(shift, dtype=np.float32)
+    if x.ndim != 2 or mult.shape != shift.shape:
+        raise ValueError("modulated_linear: x must be (rows, in), mult and shift one shape")
+    y = np.empty((x.shape[0], arrays[3].shape[0]), dtype=np.float32)
+    _check(_library().audiofast_modulated_linear(
+        x.ctypes.data, x.shape[0], x.shape[1], tokens, mult.ctypes.data, shift.ctypes.data,
+        mult.size, eps, arrays, y.ctypes.data, y.size))
     return y
 
 

@@ -235,7 +235,12 @@ void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
     quantize(0, rows);
   else
     parallel_for(rows, quantize);
-  if (L.bits == 4) return linear_int4(L, xq.data(), rs.data(), rows, y);
+  linear_quantized(L, xq, rs.data(), rows, y);
+}
+
+void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowScale* rs,
+                      int64_t rows, float* y) {
+  if (L.bits == 4) return linear_int4(L, xq.data(), rs, rows, y);
   const bool vnni = use_vnni();
   if (!vnni) {  // the AVX2 kernel reads each row split in two halves (split_row)
     std::vector<uint8_t> halves(rows * 2 * L.in);

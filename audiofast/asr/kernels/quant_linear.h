@@ -59,6 +59,17 @@ struct RowScale {
 };
 RowScale quantize_row(const float* x, int64_t n, uint8_t* q);
 
+// y = L(rows already quantized by quantize_row: q rows x in, one scale each). q may be
+// rewritten (the AVX2 path splits each row in place of it).
+void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& q, const RowScale* rs,
+                      int64_t rows, float* y);
+
+// The SA3 DiT's pre-norm linears (modulated_linear.cpp): y = L(rms(x) * mult[b] + shift[b])
+// with b = row / tokens (a sample's adaLN vectors, the norm's gain folded into mult), the norm,
+// the modulation and the 8-bit quantization in one pass over x.
+void modulated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t tokens,
+                      const float* mult, const float* shift, float eps, float* y);
+
 // The int4 path (int4_linear.cpp), given every row already quantized (q: rows x in).
 void linear_int4(const QuantLinear& L, const uint8_t* q, const RowScale* rs, int64_t rows,
                  float* y);

@@ -1,0 +1,91 @@
+"""The int8 DiT block with its norms fused into the linears that follow them.
+
+Each pre-norm of a :class:`~audiofast.diffusion.dit.DiTBlock` feeds an int8 linear: the
+self-attention's ``to_qkv`` (after ``rms(x) * (1 + scale_sa) + shift_sa``), the cross-attention's
+``to_q`` (after a plain ``rms(x)``) and the feed-forward's GLU projection (after
+``rms(x) * (1 + scale_ff) + shift_ff``). In PyTorch each is six full passes over the activations
+before the kernel quantizes them in a seventh; ``kernels.modulated_linear`` does the norm, the
+modulation (the norm's gain folded into the per-sample multiplier) and the per-token 8-bit
+quantization in one pass, then the same int8 GEMM. The gated residuals are one ``addcmul``.
+
+Numerics: the linear sees the same W8A8 rounding as :class:`~audiofast.diffusion.qad.
+FakeQuantLinear` (what QAD trains against); only float rounding order differs
+(``rms(x) * (gamma * (1 + s))`` here, ``(rms(x) * gamma) * (1 + s)`` there).
+tests/test_int8_block.py bounds the difference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from audiofast.diffusion.dit import DiTBlock
+from audiofast.diffusion.int8 import Int8Linear
+from audiofast.diffusion.layers import RMSNorm
+
+
+def modulated_linear(
+    linear: Int8Linear,
+    x: torch.Tensor,
+    norm: RMSNorm,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``linear(norm(x) * (1 + scale) + shift)`` for ``x [B, N, D]`` and ``scale, shift
+    [B, 1, D]`` (None: no modulation), one kernel call when the kernel can take it."""
+    if not FusedInt8Block.runs_fused(linear, x):
+        return linear(norm(x) if scale is None else norm(x) * (1 + scale) + shift)
+    b, n, d = x.shape
+    mult = norm.gamma.float().expand(b, d)
+    if scale is not None:
+        mult = mult * (1 + scale.reshape(b, d).float())
+    offset = x.new_zeros(b, d) if shift is None else shift.reshape(b, d)
+    from audiofast.asr import kernels
+
+    kernels.set_threads(torch.get_num_threads())
+    y = kernels.modulated_linear(x.detach().reshape(b * n, d).numpy(), n, mult.detach().numpy(),
+                                 offset.detach().numpy(), norm.eps, linear.packed())
+    return torch.from_numpy(y).reshape(b, n, -1)
+
+
+class FusedInt8Block(DiTBlock):
+    """A :class:`DiTBlock` whose linears are :class:`Int8Linear` (same parameters, same
+    checkpoint keys): :func:`fuse_int8_blocks_` switches a quantized DiT's blocks to it."""
+
+    @staticmethod
+    def runs_fused(linear: torch.nn.Module, x: torch.Tensor) -> bool:
+        return (isinstance(linear, Int8Linear) and linear.use_kernel and x.device.type == "cpu"
+                and x.dtype == torch.float32 and linear.in_features % 32 == 0)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        modulation: torch.Tensor,
+        rope: torch.Tensor,
+        local_cond: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        scale_sa, shift_sa, gate_sa, scale_ff, shift_ff, gate_ff = (
+            (self.to_scale_shift_gate + modulation).unsqueeze(1).chunk(6, dim=-1)
+        )
+        qkv = modulated_linear(self.self_attn.to_qkv, x, self.pre_norm, scale_sa, shift_sa)
+        h = self.self_attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+        x = torch.addcmul(x, h, torch.sigmoid(1 - gate_sa))
+        q = modulated_linear(self.cross_attn.to_q, x, self.cross_attend_norm)
+        x = x + self.cross_attn(x, context=context, projected=q)
+        if local_cond is not None and hasattr(self, "to_local_embed"):
+            local = self.to_local_embed(local_cond)
+            x = x + F.pad(local, (0, 0, x.shape[1] - local.shape[1], 0))
+        glu, out = self.ff.ff[0], self.ff.ff[2]
+        value, gate = modulated_linear(glu.proj, x, self.ff_norm, scale_ff, shift_ff).chunk(2, -1)
+        act = torch.sin(3.14159265359 * gate) if glu.sinusoidal else F.silu(gate)
+        return torch.addcmul(x, out(value * act), torch.sigmoid(1 - gate_ff))
+
+
+def fuse_int8_blocks_(dit: torch.nn.Module) -> torch.nn.Module:
+    """Switch every block of a quantized DiT to :class:`FusedInt8Block` (in place)."""
+    for layer in dit.transformer.layers:
+        if type(layer) is DiTBlock:
+            layer.__class__ = FusedInt8Block
+    return dit

@@ -1,0 +1,103 @@
+"""The fused int8 DiT block (diffusion/int8_block.py): norm + adaLN modulation + quantization
+in the kernel's one pass, against the unfused int8 path and the QAD fake-quant forward."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from audiofast.asr import kernels
+from audiofast.diffusion.config import DiTConfig
+from audiofast.diffusion.dit import DiT, DiTBlock
+from audiofast.diffusion.int8 import Int8Linear, quantize_dit
+from audiofast.diffusion.int8_block import FusedInt8Block, modulated_linear
+from audiofast.diffusion.layers import RMSNorm
+from audiofast.diffusion.qad import fake_quantize_
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "kernel")
+
+
+def _dit(differential: bool) -> DiT:
+    cfg = DiTConfig(io_channels=40, embed_dim=96, depth=2, num_heads=3, cond_token_dim=32,
+                    global_cond_dim=32, local_add_cond_dim=None, num_memory_tokens=4,
+                    differential=differential, qk_norm="rms", norm_force_fp32=True, ff_mult=4.0,
+                    ff_bias=False, timestep_features_type="expo", timestep_features_dim=32,
+                    timestep_features_logsnr=False)
+    torch.manual_seed(0)
+    dit = DiT(cfg)
+    with torch.no_grad():  # a trained network's zero-initialized parts are not zero
+        for p in dit.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return dit.eval()
+
+
+def test_modulated_linear_is_the_unfused_int8_linear() -> None:
+    gen = torch.Generator().manual_seed(2)
+    norm = RMSNorm(64)
+    with torch.no_grad():
+        norm.gamma.copy_(torch.rand(64, generator=gen) + 0.5)
+    linear = Int8Linear.from_linear(torch.nn.Linear(64, 48), use_kernel=True)
+    x = torch.randn(3, 10, 64, generator=gen) * torch.linspace(0.2, 3, 64)
+    scale, shift = torch.randn(3, 1, 64, generator=gen), torch.randn(3, 1, 64, generator=gen)
+    with torch.no_grad():
+        fused = modulated_linear(linear, x, norm, scale, shift)
+        unfused = linear(norm(x) * (1 + scale) + shift)
+        plain = modulated_linear(linear, x, norm)
+        plain_ref = linear(norm(x))
+    # float order differs only (gamma folded into the multiplier): a rounding tie at most
+    torch.testing.assert_close(fused, unfused, atol=2e-2, rtol=0)
+    assert (fused - unfused).abs().mean() < 1e-4
+    torch.testing.assert_close(plain, plain_ref, atol=2e-2, rtol=0)
+    # each sample takes its own modulation: swapping two samples' vectors changes the output
+    with torch.no_grad():
+        swapped = modulated_linear(linear, x, norm, scale.flip(0), shift.flip(0))
+    assert (swapped - fused).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("differential", [False, True])
+def test_fused_dit_matches_fake_quant_forward(differential: bool, monkeypatch) -> None:
+    dit = _dit(differential)
+    fake = fake_quantize_(copy.deepcopy(dit))
+    fused = quantize_dit(copy.deepcopy(dit), use_kernel=True)
+    assert all(type(layer) is FusedInt8Block for layer in fused.transformer.layers)
+    calls = []
+    original = kernels.modulated_linear
+    monkeypatch.setattr(kernels, "modulated_linear",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, 24, generator=gen)
+    t = torch.tensor([0.9, 0.3])
+    cross, glob = torch.randn(2, 7, 32, generator=gen), torch.randn(2, 32, generator=gen)
+    with torch.no_grad():
+        a, b = fake(x, t, cross, glob), fused(x, t, cross, glob)
+        exact = dit(x, t, cross, glob)
+    assert len(calls) == 3 * 2  # three pre-norm linears per block ran fused
+    assert (a - b).abs().max() <= 1e-3 * a.abs().max()  # the stated bound
+    assert (exact - b).abs().max() > 10 * (a - b).abs().max()  # int8 is not float
+
+
+def test_unfused_fallback_without_kernel_is_the_block() -> None:
+    dit = _dit(False)
+    reference = quantize_dit(copy.deepcopy(dit), use_kernel=False)
+    as_blocks = copy.deepcopy(reference)
+    for layer in as_blocks.transformer.layers:
+        layer.__class__ = DiTBlock
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 40, 16, generator=gen)
+    args = (x, torch.tensor([0.5, 0.5]), torch.randn(2, 5, 32, generator=gen),
+            torch.randn(2, 32, generator=gen))
+    with torch.no_grad():
+        torch.testing.assert_close(reference(*args), as_blocks(*args), atol=1e-5, rtol=1e-5)
+
+
+def test_modulated_linear_bad_shapes_are_one_line() -> None:
+    linear = Int8Linear.from_linear(torch.nn.Linear(32, 16), use_kernel=True)
+    x = np.zeros((10, 32), np.float32)
+    mod = np.ones((3, 32), np.float32)
+    with pytest.raises(ValueError, match="whole samples of `tokens` rows"):
+        kernels.modulated_linear(x, 3, mod, mod, 1e-5, linear.packed())
+    with pytest.raises(ValueError, match=r"mult and shift must be \(samples, in\)"):
+        kernels.modulated_linear(x, 5, mod, mod, 1e-5, linear.packed())
