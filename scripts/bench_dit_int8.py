@@ -4,7 +4,8 @@
 
 Options: float32 (the baseline), the project's packed int8 kernel (per-token 8-bit activations,
 exact int32 sums: what ``distill --stage qad`` exports) with its blocks' norms fused into the
-kernel calls (diffusion/int8_block.py) and without, torch's dynamic int8 quantization of the
+kernel calls (diffusion/int8_block.py: norms and adaLN before the linears, q/k norms and RoPE
+before attention), with the first fusion only, and without, torch's dynamic int8 quantization of the
 same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
 (dequantized weights, fake-quantized activations: numerics only). Runs are interleaved (each
 round times every option once) and the median per option is reported, with the output's
@@ -20,9 +21,11 @@ import json
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
+from audiofast.diffusion import int8_block
 from audiofast.diffusion.dit import DiTBlock
 from audiofast.diffusion.generate import load_for_generation
 from audiofast.diffusion.int8 import kernel_available, quantize_dit
@@ -44,6 +47,22 @@ def unfused(dit: torch.nn.Module) -> torch.nn.Module:
     for layer in dit.transformer.layers:
         layer.__class__ = DiTBlock
     return dit
+
+
+class NormsOnly(torch.nn.Module):
+    """The fused int8 DiT with self-attention's q/k norms and RoPE left in PyTorch (the
+    fused block before ``kernels.qk_norm_rope``), to show that kernel's share."""
+
+    def __init__(self, dit: torch.nn.Module):
+        super().__init__()
+        self.dit = dit
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        def plain(attn, x, qkv, rope, padding_mask):
+            return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+
+        with mock.patch.object(int8_block, "self_attention", plain):
+            return self.dit(*args, **kwargs)
 
 
 def main() -> None:
@@ -73,6 +92,8 @@ def main() -> None:
     options = {
         "float32": model.dit,
         "int8 kernel, fused blocks": quantize_dit(copy.deepcopy(model.dit), use_kernel=True),
+        "int8 kernel, fused norms, PyTorch q/k norm + RoPE": NormsOnly(
+            quantize_dit(copy.deepcopy(model.dit), use_kernel=True)),
         "int8 kernel, unfused blocks": unfused(quantize_dit(copy.deepcopy(model.dit), True)),
         "torch dynamic int8": torch_dynamic(copy.deepcopy(model.dit)),
         "int8 PyTorch reference": quantize_dit(copy.deepcopy(model.dit), use_kernel=False),

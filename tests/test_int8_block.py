@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from audiofast.asr import kernels
+from audiofast.diffusion.attention import Attention
 from audiofast.diffusion.config import DiTConfig
 from audiofast.diffusion.dit import DiT, DiTBlock
 from audiofast.diffusion.int8 import Int8Linear, quantize_dit
-from audiofast.diffusion.int8_block import FusedInt8Block, modulated_linear
-from audiofast.diffusion.layers import RMSNorm
+from audiofast.diffusion.int8_block import FusedInt8Block, modulated_linear, self_attention
+from audiofast.diffusion.layers import RMSNorm, RotaryEmbedding
 from audiofast.diffusion.qad import fake_quantize_
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "kernel")
@@ -63,10 +64,12 @@ def test_fused_dit_matches_fake_quant_forward(differential: bool, monkeypatch) -
     fake = fake_quantize_(copy.deepcopy(dit))
     fused = quantize_dit(copy.deepcopy(dit), use_kernel=True)
     assert all(type(layer) is FusedInt8Block for layer in fused.transformer.layers)
-    calls = []
-    original = kernels.modulated_linear
+    calls, head_calls = [], []
+    original, original_heads = kernels.modulated_linear, kernels.qk_norm_rope
     monkeypatch.setattr(kernels, "modulated_linear",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(kernels, "qk_norm_rope",
+                        lambda *a, **k: head_calls.append(1) or original_heads(*a, **k))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 40, 24, generator=gen)
     t = torch.tensor([0.9, 0.3])
@@ -75,6 +78,8 @@ def test_fused_dit_matches_fake_quant_forward(differential: bool, monkeypatch) -
         a, b = fake(x, t, cross, glob), fused(x, t, cross, glob)
         exact = dit(x, t, cross, glob)
     assert len(calls) == 3 * 2  # three pre-norm linears per block ran fused
+    # the q/k norm + RoPE kernel takes plain self-attention; differential stays in PyTorch
+    assert len(head_calls) == (0 if differential else 2)
     assert (a - b).abs().max() <= 1e-3 * a.abs().max()  # the stated bound
     assert (exact - b).abs().max() > 10 * (a - b).abs().max()  # int8 is not float
 
@@ -101,3 +106,36 @@ def test_modulated_linear_bad_shapes_are_one_line() -> None:
         kernels.modulated_linear(x, 3, mod, mod, 1e-5, linear.packed())
     with pytest.raises(ValueError, match=r"mult and shift must be \(samples, in\)"):
         kernels.modulated_linear(x, 5, mod, mod, 1e-5, linear.packed())
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])  # RoPE on all channels, and on the first half
+def test_fused_self_attention_is_attention(head_dim: int) -> None:
+    torch.manual_seed(3)
+    attn = Attention(128, head_dim=head_dim)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1 if p.ndim == 1 else 0))
+    attn.to_qkv = Int8Linear.from_linear(attn.to_qkv, use_kernel=True)
+    x = torch.randn(2, 21, 128)
+    qkv = attn.to_qkv(x)
+    rope = RotaryEmbedding(max(head_dim // 2, 32))(21)
+    with torch.no_grad():
+        fused = self_attention(attn, x, qkv, rope, None)
+        reference = attn(x, rope=rope, projected=qkv)
+        unrotated = self_attention(attn, x, qkv, torch.zeros_like(rope), None)
+    torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-4)
+    assert (unrotated - reference).abs().max() > 1e-2  # the positions were applied
+
+
+def test_qk_norm_rope_bad_shapes_are_one_line() -> None:
+    gain = np.ones(32, np.float32)
+    angles = np.zeros((5, 32), np.float32)
+    with pytest.raises(ValueError, match=r"qkv must be \(batch x tokens, 3 x heads x head_dim\)"):
+        kernels.qk_norm_rope(np.zeros((10, 3 * 2 * 32), np.float32), 3, 2, gain, gain, 1e-6,
+                             angles, angles)
+    with pytest.raises(ValueError, match=r"cos and sin \(tokens, rot\)"):
+        kernels.qk_norm_rope(np.zeros((10, 3 * 2 * 32), np.float32), 5, 2, gain[:16], gain,
+                             1e-6, angles, angles)
+    with pytest.raises(ValueError, match="rotary channels must be even"):
+        kernels.qk_norm_rope(np.zeros((10, 3 * 2 * 32), np.float32), 5, 2, gain, gain, 1e-6,
+                             np.zeros((5, 3), np.float32), np.zeros((5, 3), np.float32))

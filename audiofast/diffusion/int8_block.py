@@ -12,6 +12,11 @@ Numerics: the linear sees the same W8A8 rounding as :class:`~audiofast.diffusion
 FakeQuantLinear` (what QAD trains against); only float rounding order differs
 (``rms(x) * (gamma * (1 + s))`` here, ``(rms(x) * gamma) * (1 + s)`` there).
 tests/test_int8_block.py bounds the difference.
+
+Self-attention then takes its per-head q/k RMS norms, rotary positions and head layout in one
+more kernel pass (``kernels.qk_norm_rope``: two norms, two rotations and four layout copies in
+PyTorch) before SDPA; that part is float32 and equals :class:`~audiofast.diffusion.attention.
+Attention`'s own math up to rounding order.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from audiofast.diffusion.attention import Attention
 from audiofast.diffusion.dit import DiTBlock
 from audiofast.diffusion.int8 import Int8Linear
 from audiofast.diffusion.layers import RMSNorm
@@ -48,6 +54,28 @@ def modulated_linear(
     return torch.from_numpy(y).reshape(b, n, -1)
 
 
+def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: torch.Tensor,
+                   padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """``attn(x, rope=rope, projected=qkv)`` with the per-head q/k RMS norms, the rotary
+    positions and the head layout in one kernel pass (``kernels.qk_norm_rope``) before SDPA,
+    when the kernel runs this block's linears and can take the attention: plain (not
+    differential), RMS q/k norms, no padding mask (the fallback is the same math in PyTorch)."""
+    norm = getattr(attn, "q_norm", None)
+    if (not FusedInt8Block.runs_fused(attn.to_qkv, x) or attn.differential
+            or not isinstance(norm, RMSNorm) or padding_mask is not None or rope is None
+            or rope.shape[-1] > qkv.shape[-1] // (3 * attn.heads)):
+        return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+    from audiofast.asr import kernels
+
+    b, n, _ = qkv.shape
+    q, k, v = (torch.from_numpy(t) for t in kernels.qk_norm_rope(
+        qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads, norm.gamma.detach().float().numpy(),
+        attn.k_norm.gamma.detach().float().numpy(), norm.eps, rope.cos().numpy(),
+        rope.sin().numpy()))
+    out = F.scaled_dot_product_attention(q, k, v)
+    return attn.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
 class FusedInt8Block(DiTBlock):
     """A :class:`DiTBlock` whose linears are :class:`Int8Linear` (same parameters, same
     checkpoint keys): :func:`fuse_int8_blocks_` switches a quantized DiT's blocks to it."""
@@ -70,7 +98,7 @@ class FusedInt8Block(DiTBlock):
             (self.to_scale_shift_gate + modulation).unsqueeze(1).chunk(6, dim=-1)
         )
         qkv = modulated_linear(self.self_attn.to_qkv, x, self.pre_norm, scale_sa, shift_sa)
-        h = self.self_attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+        h = self_attention(self.self_attn, x, qkv, rope, padding_mask)
         x = torch.addcmul(x, h, torch.sigmoid(1 - gate_sa))
         q = modulated_linear(self.cross_attn.to_q, x, self.cross_attend_norm)
         x = x + self.cross_attn(x, context=context, projected=q)

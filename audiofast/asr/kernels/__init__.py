@@ -138,6 +138,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_modulated_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64,
                                                ctypes.c_float, arr, ptr, i64]
+    lib.audiofast_qk_norm_rope.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
+                                           ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
     lib.audiofast_gelu.argtypes = [ptr, i64]
     lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
@@ -230,6 +232,30 @@ def modulated_linear(x: np.ndarray, tokens: int, mult: np.ndarray, shift: np.nda
         x.ctypes.data, x.shape[0], x.shape[1], tokens, mult.ctypes.data, shift.ctypes.data,
         mult.size, eps, arrays, y.ctypes.data, y.size))
     return y
+
+
+def qk_norm_rope(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndarray,
+                 k_gain: np.ndarray, eps: float, cos: np.ndarray, sin: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Self-attention heads ``q, k, v (batch, heads, tokens, d)`` from QKV rows ``(batch x
+    tokens, 3 x heads x d)``: q and k RMS-normed per head with their gains, rotated on their
+    first ``cos.shape[1]`` channels (``cos, sin (tokens, rot)``); v as it is."""
+    qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
+    cos = np.ascontiguousarray(cos, dtype=np.float32)
+    sin = np.ascontiguousarray(sin, dtype=np.float32)
+    if qkv.ndim != 2 or qkv.shape[1] % (3 * heads) or tokens <= 0 or qkv.shape[0] % tokens:
+        raise ValueError("qk_norm_rope: qkv must be (batch x tokens, 3 x heads x head_dim)")
+    d = qkv.shape[1] // (3 * heads)
+    if any(g.shape != (d,) for g in gains) or cos.shape != sin.shape or cos.shape[0] != tokens:
+        raise ValueError("qk_norm_rope: gains must be (head_dim,), cos and sin (tokens, rot)")
+    q, k, v = (np.empty((qkv.shape[0] // tokens, heads, tokens, d), np.float32)
+               for _ in range(3))
+    _check(_library().audiofast_qk_norm_rope(
+        qkv.ctypes.data, qkv.shape[0] // tokens, tokens, heads, d, cos.shape[1],
+        gains[0].ctypes.data, gains[1].ctypes.data, eps, cos.ctypes.data, sin.ctypes.data,
+        q.ctypes.data, k.ctypes.data, v.ctypes.data))
+    return q, k, v
 
 
 def gelu_(x: np.ndarray) -> np.ndarray:

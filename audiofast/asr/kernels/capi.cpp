@@ -12,6 +12,7 @@
 #include "decoder_step.h"
 #include "encoder_forward.h"
 #include "quant_linear.h"
+#include "qk_norm_rope.h"
 #include "pool.h"
 
 namespace {
@@ -100,6 +101,17 @@ int audiofast_modulated_linear(const float* x, int64_t rows, int64_t in, int64_t
                      "(samples, in)");
     audiofast::check(y_size == rows * L.out, "modulated_linear: output buffer of the wrong size");
     audiofast::modulated_linear(L, x, rows, tokens, mult, shift, eps, y);
+  });
+}
+
+// The DiT's self-attention heads: q/k RMS norm + RoPE + head layout (qk_norm_rope.h).
+int audiofast_qk_norm_rope(const float* qkv, int64_t batch, int64_t tokens, int64_t heads,
+                           int64_t d, int64_t rot, const float* q_gain, const float* k_gain,
+                           float eps, const float* cos, const float* sin, float* q, float* k,
+                           float* v) {
+  return guarded([&] {
+    audiofast::qk_norm_rope(qkv, batch, tokens, heads, d, rot, q_gain, k_gain, eps, cos, sin, q,
+                            k, v);
   });
 }
 
