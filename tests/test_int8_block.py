@@ -119,11 +119,16 @@ def test_fused_self_attention_is_attention(head_dim: int) -> None:
     x = torch.randn(2, 21, 128)
     qkv = attn.to_qkv(x)
     rope = RotaryEmbedding(max(head_dim // 2, 32))(21)
+    mask = torch.arange(21) < torch.tensor([[21], [15]])  # the second item padded
     with torch.no_grad():
         fused = self_attention(attn, x, qkv, rope, None)
         reference = attn(x, rope=rope, projected=qkv)
         unrotated = self_attention(attn, x, qkv, torch.zeros_like(rope), None)
+        masked = self_attention(attn, x, qkv, rope, mask)
+        masked_reference = attn(x, rope=rope, padding_mask=mask, projected=qkv)
     torch.testing.assert_close(fused, reference, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(masked, masked_reference, atol=1e-5, rtol=1e-4)
+    assert (masked[1] - reference[1]).abs().max() > 1e-2  # the mask was applied
     assert (unrotated - reference).abs().max() > 1e-2  # the positions were applied
 
 

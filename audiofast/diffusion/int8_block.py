@@ -59,10 +59,10 @@ def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: to
     """``attn(x, rope=rope, projected=qkv)`` with the per-head q/k RMS norms, the rotary
     positions and the head layout in one kernel pass (``kernels.qk_norm_rope``) before SDPA,
     when the kernel runs this block's linears and can take the attention: plain (not
-    differential), RMS q/k norms, no padding mask (the fallback is the same math in PyTorch)."""
+    differential), RMS q/k norms (the fallback is the same math in PyTorch)."""
     norm = getattr(attn, "q_norm", None)
     if (not FusedInt8Block.runs_fused(attn.to_qkv, x) or attn.differential
-            or not isinstance(norm, RMSNorm) or padding_mask is not None or rope is None
+            or not isinstance(norm, RMSNorm) or rope is None
             or rope.shape[-1] > qkv.shape[-1] // (3 * attn.heads)):
         return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
     from audiofast.asr import kernels
@@ -72,6 +72,8 @@ def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: to
         qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads, norm.gamma.detach().float().numpy(),
         attn.k_norm.gamma.detach().float().numpy(), norm.eps, rope.cos().numpy(),
         rope.sin().numpy()))
+    if padding_mask is not None:  # as Attention does: padded positions give zero values
+        v.mul_(padding_mask[:, None, :, None].to(v.dtype))
     out = F.scaled_dot_product_attention(q, k, v)
     return attn.to_out(out.transpose(1, 2).reshape(b, n, -1))
 
