@@ -15,9 +15,11 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
         description="ASR: vocab, drafter, qad --lane asr --bits 4 (int4 decoder). Stable Audio "
         "3: cfg (fold guidance), steps (fewer sampler steps), qad (int8 quantization-aware "
         "distillation). SA3 stages and ASR qad end with a gate and exit 1 when it fails.")
-    p.add_argument("--stage", choices=["vocab", "drafter", "cfg", "steps", "qad"], required=True,
+    p.add_argument("--stage", choices=["vocab", "drafter", "cfg", "steps", "qad", "times"],
+                   required=True,
                    help="vocab: cut the output vocabulary and recover; drafter: draft decoder; "
-                   "cfg / steps / qad: the SA3 stages (qad --lane asr: the Whisper decoder)")
+                   "cfg / steps / qad: the SA3 stages (qad --lane asr: the Whisper decoder); "
+                   "times: search a distilled SA3 student's sampling times (no training)")
     p.add_argument("--lane", choices=["asr", "sa3"], default=None,
                    help="for qad: which lane (default: sa3; --bits implies asr)")
     p.add_argument("--kind", choices=["model", "block"], default=None,
@@ -60,6 +62,10 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
     sa3.add_argument("--method", choices=["progressive", "dmd"], default=None,
                      help="steps: progressive distillation (default) or DMD2-style distribution "
                      "matching with an adversarial critic (configs/distill/steps-dmd.yaml)")
+    sa3.add_argument("--times", type=float, nargs="+", default=None,
+                     help="times: use these sampler times (1 ... 0) instead of searching")
+    sa3.add_argument("--trials", type=int, default=24,
+                     help="times: how many time sets the search may score")
     sa3.add_argument("--batch", type=int, default=None, help="training batch (all processes)")
     sa3.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     sa3.add_argument("--baseline", default=None,
@@ -80,6 +86,8 @@ def _run_distill(args: argparse.Namespace) -> int:
         return _run_qad_asr(args)
     if args.stage in ("cfg", "steps", "qad"):
         return _run_distill_sa3(args)
+    if args.stage == "times":
+        return _run_time_search(args)
     from audiofast.distill.asr import DrafterRecipe, VocabDietRecipe, distill_drafter, distill_vocab
 
     given = _asr_recipe_overrides(args)
@@ -170,5 +178,49 @@ def _run_distill_sa3(args: argparse.Namespace) -> int:
     if result.gate_passed is False:
         print(f"audiofast: gate FAILED: see {result.checkpoint / 'gate' / 'gate.md'}",
               file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_time_search(args: argparse.Namespace) -> int:
+    import torch
+
+    from audiofast.diffusion import time_search as ts
+    from audiofast.diffusion.checkpoint import CheckpointError
+    from audiofast.diffusion.distill import gate_stage, root_baseline
+    from audiofast.diffusion.distill_config import load_stage_config
+    from audiofast.diffusion.generate import load_for_generation
+
+    if args.model is None:
+        raise SystemExit("audiofast: error: --model: the student checkpoint directory is required")
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    cfg = load_stage_config("steps")
+    baseline = args.baseline or root_baseline(args.model)
+    out = args.out or Path("runs/students") / f"{Path(args.model).name}-times"
+    try:
+        student = load_for_generation(args.model)
+        own = student.config.student.sampler if student.config.student else None
+        if own is None:
+            raise ValueError(f"{args.model} is not a distilled student (no sampler times)")
+        if args.times:
+            times, record = tuple(args.times), {"times": list(args.times), "searched": False}
+            ts.with_times(student, times)  # the same checks as a searched set
+        else:
+            grid = ts.time_grid(student, 4 * own.steps)
+            judge = ts.CalibrationJudge(student, load_for_generation(baseline), cfg.gate,
+                                        clips=96)
+            times, trials = ts.search_times(judge, grid, own.times, cfg.gate,
+                                            (args.workdir or Path("runs/distill")) / "times",
+                                            max_trials=args.trials)
+            record = {"times": list(times), "searched": True, "start": list(own.times),
+                      "grid": grid, "trials": [vars(t) for t in trials]}
+    except (CheckpointError, ValueError) as e:
+        raise SystemExit(f"audiofast: error: {e}") from None
+    ts.export_with_times(args.model, times, out, record)
+    print(out)
+    if args.no_gate:
+        return 0
+    if not gate_stage(out, baseline, cfg):
+        print(f"audiofast: gate FAILED: see {out / 'gate' / 'gate.md'}", file=sys.stderr)
         return 1
     return 0
