@@ -177,6 +177,9 @@ def main() -> None:
                         ("4-step DMD int8 student (QAD)", args.dmd_int8), *args.extra]:
         if path:
             path, _, sampler = path.partition(":")
+            if (Path(path) / "time_search.json").is_file():  # distill --stage times
+                label = (label[:-1] + ", searched times)" if label.endswith(")")
+                         else label + " (searched times)")
             measured.append(measure(label, path, captions, judge, args.seed, sampler or None))
     rows = [row for row, _ in measured]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

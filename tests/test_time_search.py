@@ -60,13 +60,16 @@ def test_search_resumes_from_its_trial_log_and_stops_at_the_budget(tmp_path: Pat
     first = Bowl((1.0, 0.86, 0.45, 0.15, 0.0))
     ts.search_times(first, GRID, start, GATE, tmp_path, max_trials=5, progress=False)
     assert len(first.calls) == 5  # the budget
-    logged = json.loads((tmp_path / "trials.json").read_text())
+    logged = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert len(logged) == 5
     again = Bowl((1.0, 0.86, 0.45, 0.15, 0.0))
     best, trials = ts.search_times(again, GRID, start, GATE, tmp_path, max_trials=60,
                                    progress=False)
     assert not set(again.calls) & set(first.calls)  # nothing scored twice
     assert best == (1.0, 0.86, 0.45, 0.15, 0.0) and len(trials) > 5
+    with pytest.raises(ValueError, match="was scored on None, not {'clips': 96}"):
+        ts.search_times(again, GRID, start, GATE, tmp_path, calibration={"clips": 96},
+                        progress=False)
 
 
 def test_bad_times_and_grids_are_one_line_errors(tmp_path: Path) -> None:

@@ -58,13 +58,14 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
     sa3.add_argument("--from", dest="from_steps", type=int, default=None,
                      help="steps: the parent's sampler steps")
     sa3.add_argument("--to", dest="to_steps", type=int, default=None,
-                     help="steps: the student's sampler steps")
+                     help="steps: the student's sampler steps; times: search this many steps "
+                     "(default: the student's own)")
     sa3.add_argument("--method", choices=["progressive", "dmd"], default=None,
                      help="steps: progressive distillation (default) or DMD2-style distribution "
                      "matching with an adversarial critic (configs/distill/steps-dmd.yaml)")
     sa3.add_argument("--times", type=float, nargs="+", default=None,
                      help="times: use these sampler times (1 ... 0) instead of searching")
-    sa3.add_argument("--trials", type=int, default=24,
+    sa3.add_argument("--trials", type=int, default=40,
                      help="times: how many time sets the search may score")
     sa3.add_argument("--batch", type=int, default=None, help="training batch (all processes)")
     sa3.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -206,13 +207,17 @@ def _run_time_search(args: argparse.Namespace) -> int:
             times, record = tuple(args.times), {"times": list(args.times), "searched": False}
             ts.with_times(student, times)  # the same checks as a searched set
         else:
+            steps = args.to_steps or own.steps  # fewer steps than it was distilled for: --to
+            start = own.times if steps == own.steps else tuple(ts.time_grid(student, steps))
             grid = ts.time_grid(student, 4 * own.steps)
+            calibration = {"model": str(args.model), "baseline": str(baseline),
+                           "clips": cfg.gate.clips, "seed": ts.CALIBRATION_SEED}
             judge = ts.CalibrationJudge(student, load_for_generation(baseline), cfg.gate,
-                                        clips=96)
-            times, trials = ts.search_times(judge, grid, own.times, cfg.gate,
+                                        clips=cfg.gate.clips)
+            times, trials = ts.search_times(judge, grid, start, cfg.gate,
                                             (args.workdir or Path("runs/distill")) / "times",
-                                            max_trials=args.trials)
-            record = {"times": list(times), "searched": True, "start": list(own.times),
+                                            max_trials=args.trials, calibration=calibration)
+            record = {"times": list(times), "searched": True, "start": list(start),
                       "grid": grid, "trials": [vars(t) for t in trials]}
     except (CheckpointError, ValueError) as e:
         raise SystemExit(f"audiofast: error: {e}") from None

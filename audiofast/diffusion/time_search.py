@@ -9,7 +9,7 @@ answers (the idea of Align Your Steps, Sabour et al. 2024, with the judge's FAD 
 objective in place of a bound).
 
 Search: coordinate descent over the interior times on a grid (the parent's schedule at
-``grid_steps``). Each move shifts one time by one grid point and is kept when it lowers the
+``grid_steps``). Each move shifts one time by one or two grid points and is kept when it lowers the
 FAD ratio to the baseline on *calibration* captions (seeds apart from the gate's held-out
 ones) while pitch and category accuracy stay within the gate's ratios. Every scored time set
 is appended to ``trials.json`` in the workdir as it finishes, so a killed search resumes
@@ -105,30 +105,38 @@ class CalibrationJudge:
                      s["category_accuracy"] / max(b["category_accuracy"], 1e-9))
 
 
-def _neighbours(index: list[int]) -> list[list[int]]:
-    """Each interior grid index moved one point either way, order kept strict."""
+def _neighbours(index: list[int], reach: int = 2) -> list[list[int]]:
+    """Each interior grid index moved up to ``reach`` points either way (nearest moves first),
+    order kept strict: two points, because one-point moves stall where a single time sits
+    between two worse neighbours."""
     out = []
-    for i in range(1, len(index) - 1):
-        for step in (-1, 1):
-            moved = index[:i] + [index[i] + step] + index[i + 1:]
-            if moved[i - 1] < moved[i] < moved[i + 1]:
-                out.append(moved)
+    for distance in range(1, reach + 1):
+        for i in range(1, len(index) - 1):
+            for step in (-distance, distance):
+                moved = index[:i] + [index[i] + step] + index[i + 1:]
+                if moved[i - 1] < moved[i] < moved[i + 1]:
+                    out.append(moved)
     return out
 
 
 def search_times(score, grid: list[float], start: tuple[float, ...], gate: GateSpec,
-                 workdir: str | Path, max_trials: int = 24,
+                 workdir: str | Path, max_trials: int = 24, calibration: dict | None = None,
                  progress: bool = True) -> tuple[tuple[float, ...], list[Trial]]:
     """The best allowed time set (lowest FAD ratio) that coordinate descent from ``start``
     (snapped to ``grid``) reaches within ``max_trials`` distinct time sets; ``start`` itself
     when no move helps. ``score(times) -> Trial``. Trials already in ``workdir/trials.json``
     are reused, not rescored (they count towards the budget: a resumed search stops where the
-    uninterrupted one would)."""
+    uninterrupted one would); ``calibration`` names what the scores were measured on, and a
+    log measured on something else is refused rather than mixed in."""
     path = Path(workdir) / "trials.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    log = json.loads(path.read_text()) if path.exists() else {"calibration": calibration,
+                                                                 "trials": []}
+    if log.get("calibration") != calibration:
+        raise ValueError(f"{path} was scored on {log.get('calibration')}, not {calibration}: "
+                         "remove it or use another --workdir")
     done = {tuple(t["times"]): Trial(tuple(t["times"]), t["fad_ratio"], t["pitch_ratio"],
-                                     t["category_ratio"])
-            for t in (json.loads(path.read_text()) if path.exists() else [])}
+                                     t["category_ratio"]) for t in log["trials"]}
     trials: list[Trial] = []  # each time set once, in the order the descent met them
     bar = tqdm(total=max_trials, desc="time search", disable=not progress)
 
@@ -137,7 +145,8 @@ def search_times(score, grid: list[float], start: tuple[float, ...], gate: GateS
         if times not in done:
             done[times] = score(times)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps([dataclasses.asdict(t) for t in done.values()], indent=1))
+            log["trials"] = [dataclasses.asdict(t) for t in done.values()]
+            tmp.write_text(json.dumps(log, indent=1))
             tmp.replace(path)
         if done[times] not in trials:
             trials.append(done[times])
