@@ -21,7 +21,9 @@ import audiofast  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads l
 import argparse
 import json
 import platform
+import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -196,7 +198,7 @@ def main() -> None:
     table = markdown(result)
     out.with_suffix(".md").write_text(
         f"# SA3 distillation ladder ({args.clips} held-out captions)\n\n"
-        f"`python evals/distill_quality.py {' '.join(__import__('sys').argv[1:])}` at commit "
+        f"`python evals/distill_quality.py {shlex.join(sys.argv[1:])}` at commit "
         f"{commit}, 2 threads.\n\n{table}")
     print(table)
 
