@@ -116,3 +116,16 @@ def test_exported_student_samples_at_the_chosen_times(tmp_path: Path) -> None:
                          cwd=ROOT)
     assert bad.returncode != 0 and not (tmp_path / "bad").exists()
     assert bad.stderr.strip().splitlines()[-1].startswith("audiofast: error: times must")
+
+
+@pytest.mark.parametrize("times", [[1.0, 0.5, 0.6, 0.0], [0.9, 0.5, 0.0], [1.0, 0.5], [1.0]])
+def test_a_config_with_bad_times_is_refused(times: list[float]) -> None:
+    from audiofast.diffusion.config_schema import ConfigError
+    from audiofast.diffusion.student import read_student
+
+    raw = {"audiofast": {"stage": "steps", "parent": "p", "sampler": {"times": times}}}
+    with pytest.raises(ConfigError, match="needs times decreasing from 1.0 to 0.0"):
+        read_student(raw)
+    ok = read_student({"audiofast": {"stage": "steps", "parent": "p",
+                                     "sampler": {"times": [1.0, 0.5, 0.0]}}})
+    assert ok.sampler.times == (1.0, 0.5, 0.0)

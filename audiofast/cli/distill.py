@@ -191,6 +191,7 @@ def _run_time_search(args: argparse.Namespace) -> int:
     from audiofast.diffusion.distill import gate_stage, root_baseline
     from audiofast.diffusion.distill_config import load_stage_config
     from audiofast.diffusion.generate import load_for_generation
+    from audiofast.diffusion.stage_gate import is_proving_ground
 
     if args.model is None:
         raise SystemExit("audiofast: error: --model: the student checkpoint directory is required")
@@ -206,6 +207,9 @@ def _run_time_search(args: argparse.Namespace) -> int:
         if args.times:
             times, record = tuple(args.times), {"times": list(args.times), "searched": False}
             ts.with_times(student, times)  # the same checks as a searched set
+        elif not is_proving_ground(student):
+            raise ValueError("the time search scores on the proving ground's captioned clips: "
+                             "give this checkpoint its times with --times")
         else:
             steps = args.to_steps or own.steps  # fewer steps than it was distilled for: --to
             start = own.times if steps == own.steps else tuple(ts.time_grid(student, steps))

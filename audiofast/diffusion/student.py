@@ -69,6 +69,13 @@ class StudentSampler:
     def steps(self) -> int:
         return len(self.times) - 1
 
+    @staticmethod
+    def valid_times(times) -> bool:
+        """At least one step, strictly decreasing from exactly 1.0 to exactly 0.0."""
+        pairs = zip(times[:-1], times[1:], strict=True)
+        return (len(times) >= 2 and times[0] == 1.0 and times[-1] == 0.0
+                and all(a > b for a, b in pairs))
+
 
 @dataclass(frozen=True)
 class StudentConfig:
@@ -98,9 +105,7 @@ class StudentConfig:
         if s.data.get("sampler") is not None:
             p = s.sub("sampler")
             times = p.get("times")
-            pairs = zip(times[:-1], times[1:], strict=True) if isinstance(times, list) else ()
-            if (not isinstance(times, list) or len(times) < 2 or times[0] != 1.0
-                    or times[-1] != 0.0 or any(a <= b for a, b in pairs)):
+            if not isinstance(times, list) or not StudentSampler.valid_times(times):
                 raise p.fail("needs times decreasing from 1.0 to 0.0")
             sampler = StudentSampler(p.get("name", "pingpong", ("pingpong", "euler")),
                                      tuple(float(t) for t in times))

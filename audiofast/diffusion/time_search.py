@@ -66,8 +66,7 @@ def with_times(model: SA3Model, times: tuple[float, ...]) -> SA3Model:
     student = model.config.student
     if student is None or student.sampler is None:
         raise ValueError("time search needs a distilled student (its config names a sampler)")
-    pairs = zip(times[:-1], times[1:], strict=True)
-    if times[0] != 1.0 or times[-1] != 0.0 or any(a <= b for a, b in pairs):
+    if not StudentSampler.valid_times(times):
         raise ValueError(f"times must decrease from 1.0 to 0.0, got {list(times)}")
     sampler = StudentSampler(student.sampler.name, tuple(float(t) for t in times))
     model.config = dataclasses.replace(
