@@ -65,10 +65,10 @@ def test_fused_dit_matches_fake_quant_forward(differential: bool, monkeypatch) -
     fused = quantize_dit(copy.deepcopy(dit), use_kernel=True)
     assert all(type(layer) is FusedInt8Block for layer in fused.transformer.layers)
     calls, head_calls = [], []
-    original, original_heads = kernels.modulated_linear, kernels.qk_norm_rope
+    original, original_heads = kernels.modulated_linear, kernels.dit_attention_int8
     monkeypatch.setattr(kernels, "modulated_linear",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
-    monkeypatch.setattr(kernels, "qk_norm_rope",
+    monkeypatch.setattr(kernels, "dit_attention_int8",
                         lambda *a, **k: head_calls.append(1) or original_heads(*a, **k))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 40, 24, generator=gen)
@@ -78,10 +78,14 @@ def test_fused_dit_matches_fake_quant_forward(differential: bool, monkeypatch) -
         a, b = fake(x, t, cross, glob), fused(x, t, cross, glob)
         exact = dit(x, t, cross, glob)
     assert len(calls) == 3 * 2  # three pre-norm linears per block ran fused
-    # the q/k norm + RoPE kernel takes plain self-attention; differential stays in PyTorch
+    # the int8 attention kernel takes plain self-attention; differential stays in PyTorch
+    # (int8_attention.py's arithmetic, as the fake-quant forward)
     assert len(head_calls) == (0 if differential else 2)
-    assert (a - b).abs().max() <= 1e-3 * a.abs().max()  # the stated bound
-    assert (exact - b).abs().max() > 10 * (a - b).abs().max()  # int8 is not float
+    # the stated bound: float rounding order differs, so a value near a rounding step of the
+    # 8-bit attention can land one step away (rare: the mean error stays at float rounding)
+    assert (a - b).abs().max() <= 5e-3 * a.abs().max()
+    assert (a - b).abs().mean() <= 2e-5 * a.abs().max()
+    assert (exact - b).abs().mean() > 10 * (a - b).abs().mean()  # int8 is not float
 
 
 def test_unfused_fallback_without_kernel_is_the_block() -> None:

@@ -64,7 +64,9 @@ def add_distill(sub: argparse._SubParsersAction) -> None:
                      help="steps: progressive distillation (default) or DMD2-style distribution "
                      "matching with an adversarial critic (configs/distill/steps-dmd.yaml)")
     sa3.add_argument("--times", type=float, nargs="+", default=None,
-                     help="times: use these sampler times (1 ... 0) instead of searching")
+                     help="times: use these sampler times (1 ... 0) instead of searching; "
+                     "steps: train the student at these times (e.g. a search's) instead of "
+                     "every other parent time")
     sa3.add_argument("--trials", type=int, default=40,
                      help="times: how many time sets the search may score")
     sa3.add_argument("--batch", type=int, default=None, help="training batch (all processes)")
@@ -146,8 +148,8 @@ def _run_distill_sa3(args: argparse.Namespace) -> int:
     guidance = {k: v for k, v in (("scale", args.cfg), ("range", args.cfg_range)) if v is not None}
     if "range" in guidance and "scale" not in guidance:
         guidance["scale"] = sum(guidance["range"]) / 2
-    sampler = {k: v for k, v in (("parent_steps", args.from_steps), ("steps", args.to_steps))
-               if v is not None}
+    sampler = {k: v for k, v in (("parent_steps", args.from_steps), ("steps", args.to_steps),
+                                 ("times", args.times)) if v is not None}
     train = {k: v for k, v in (("steps", args.steps), ("batch", args.batch)) if v is not None}
     try:
         if args.method not in (None, "progressive") and args.stage != "steps":

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiofast.diffusion.int8_attention import int8_attention
 from audiofast.diffusion.layers import DynamicTanh, RMSNorm, apply_rotary
 
 # Query block length for banded (sliding-window) attention: bounds the mask to
@@ -65,6 +66,7 @@ class Attention(nn.Module):
         self.heads = dim // head_dim
         self.differential = differential
         self.cross = context_dim is not None
+        self.int8 = False  # 8-bit attention (int8_attention.py): int8 checkpoints, QAD
         streams = 2 if differential else 1  # how many (q, k) pairs
         if self.cross:
             self.to_q = nn.Linear(dim, dim * streams, bias=False)
@@ -127,7 +129,8 @@ class Attention(nn.Module):
         outs = []
         for q, k in zip(qs, ks, strict=True):
             if window is None:
-                outs.append(F.scaled_dot_product_attention(q, k, v))
+                attend = int8_attention if self.int8 else F.scaled_dot_product_attention
+                outs.append(attend(q, k, v))
             else:
                 outs.append(banded_attention(q, k, v, *window))
         out = outs[0] - outs[1] if self.differential else outs[0]

@@ -171,7 +171,8 @@ def build_model(
     if config.student is not None and config.student.quantization is not None:
         from audiofast.diffusion.int8 import empty_int8_dit_
 
-        empty_int8_dit_(model.dit)  # int8 weights + scales, as the file stores them
+        quantization = config.student.quantization  # int8 weights + scales, as stored
+        empty_int8_dit_(model.dit, attention="attention" in quantization)
     return model.to(dtype) if dtype is not None else model
 
 

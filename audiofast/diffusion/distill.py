@@ -47,7 +47,7 @@ from audiofast.diffusion.distill_config import StageConfig
 from audiofast.diffusion.flow_matching import LatentSet, encode_captions
 from audiofast.diffusion.generate import latent_lengths, load_for_generation, model_denoiser
 from audiofast.diffusion.sampling import schedule
-from audiofast.diffusion.step_distill import halve_schedule, step_distill_loss
+from audiofast.diffusion.step_distill import halve_schedule, parent_paths, step_distill_loss
 from audiofast.diffusion.student import (
     FoldedGuidance,
     StudentConfig,
@@ -165,7 +165,8 @@ def student_config(stage: str, parent: SA3Model, cfg: StageConfig, parent_ref: s
         g = cfg.guidance
         guidance = FoldedGuidance(g.scale, g.range, g.apg_scale)
     elif stage == "steps":
-        times = halve_schedule(times, cfg.sampler.steps)
+        given = cfg.sampler.times
+        times = torch.tensor(given) if given else halve_schedule(times, cfg.sampler.steps)
     quant = None
     if stage == "qad":
         from audiofast.diffusion.int8 import QUANTIZATION
@@ -187,7 +188,6 @@ def stage_step(stage: str, student: SA3Model, parent: SA3Model, data: LatentSet,
     teacher_x0 = x0_function(parent, cfg.guidance.apg_scale if pguid is None else 1.0)
     student_x0 = x0_function(student)
     sampler_times = scfg.sampler.times
-    k = (len(times) - 1) // scfg.sampler.steps
 
     if stage == "steps" and cfg.method == "dmd":  # the student's own times only
         from audiofast.diffusion.dmd import dmd_step, real_score
@@ -203,7 +203,8 @@ def stage_step(stage: str, student: SA3Model, parent: SA3Model, data: LatentSet,
         batch = draw_batch(parent, data, t.batch, gen, sampler_times, t.schedule_time_prob,
                            guidance.range, guidance.scale, shard, device)
         if stage == "steps":
-            return step_distill_loss(student_x0, teacher_x0, batch, times, k), {}
+            paths = parent_paths(times, torch.tensor(sampler_times))
+            return step_distill_loss(student_x0, teacher_x0, batch, paths), {}
         # cfg: the guided parent in one pass; qad: the float parent under int8 rounding
         return prediction_loss(student_x0, teacher_x0, batch), {}
 

@@ -37,6 +37,13 @@ class DistillBatch:
     guidance: torch.Tensor  # [B] guidance scales
     slot: torch.Tensor  # [B] long: which sampler step each time came from (-1: drawn freely)
 
+    def take(self, idx: torch.Tensor) -> DistillBatch:
+        """The items at ``idx`` (a long tensor), conditioning included."""
+        c = self.cond
+        cond = Conditioning(c.cross_attn_cond[idx], c.cross_attn_mask[idx], c.global_cond[idx])
+        return DistillBatch(self.x0[idx], self.noise[idx], self.t[idx], cond,
+                            self.guidance[idx], self.slot[idx])
+
     @property
     def xt(self) -> torch.Tensor:
         t = self.t[:, None, None]

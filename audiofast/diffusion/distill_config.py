@@ -33,6 +33,7 @@ class SamplerSpec:
     name: str = "pingpong"
     steps: int = 8  # the parent's steps (cfg, qad) or the student's target (steps: --to)
     parent_steps: int = 8  # steps: the parent's schedule the student halves (--from)
+    times: tuple[float, ...] | None = None  # steps: the student's own times (--times, 1 ... 0)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,15 @@ class StageConfig:
             raise StageConfigError(f"{where}.sampler.name={cfg.sampler.name!r}: choose from "
                                    "['pingpong', 'euler']")
         s = cfg.sampler
-        if cfg.stage == "steps" and (s.steps < 1 or s.parent_steps % s.steps):
+        if s.times is not None:
+            from audiofast.diffusion.student import StudentSampler
+
+            if cfg.stage != "steps":
+                raise StageConfigError(f"{where}.sampler.times: only the steps stage takes times")
+            if len(s.times) != s.steps + 1 or not StudentSampler.valid_times(s.times):
+                raise StageConfigError(f"{where}.sampler.times={list(s.times)}: need "
+                                       f"{s.steps + 1} times decreasing from 1.0 to 0.0")
+        elif cfg.stage == "steps" and (s.steps < 1 or s.parent_steps % s.steps):
             raise StageConfigError(f"{where}.sampler: parent_steps={s.parent_steps} must be a "
                                    f"multiple of steps={s.steps}")
         if cfg.method not in STEP_METHODS or cfg.method != "progressive" and cfg.stage != "steps":
@@ -200,6 +209,11 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
                 and all(isinstance(v, (int, float)) for v in value) and value[0] <= value[1]):
             raise StageConfigError(f"{where}={value!r}: expected [low, high]")
         return (float(value[0]), float(value[1]))
+    if "tuple[float, ...]" in text:
+        if not (isinstance(value, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise StageConfigError(f"{where}={value!r}: expected a list of numbers")
+        return tuple(float(v) for v in value)
     if "tuple[str" in text:
         if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise StageConfigError(f"{where}={value!r}: expected a list of strings")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from audiofast.diffusion.int8_attention import ATTENTION_RECORD, set_int8_attention_
 from audiofast.diffusion.qad import (
     fake_quant_activation,
     quantize_weight,
@@ -33,6 +34,7 @@ QUANTIZATION = {
     "weights": "per-channel symmetric int8",
     "activations": "per-token dynamic uint8 over [min(0, x), max(0, x)]",
     "modules": "transformer block linears + project_out",
+    "attention": ATTENTION_RECORD,  # absent in older int8 checkpoints: float attention there
 }
 
 
@@ -101,9 +103,11 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
 
 
-def quantize_dit(dit: nn.Module, use_kernel: bool | None = None) -> nn.Module:
-    """Replace the DiT's int8-bound linears by :class:`Int8Linear` (in place; returns ``dit``).
-    ``use_kernel`` None: the kernel where it is built, else the PyTorch reference."""
+def quantize_dit(dit: nn.Module, use_kernel: bool | None = None,
+                 attention: bool = True) -> nn.Module:
+    """Replace the DiT's int8-bound linears by :class:`Int8Linear` and (``attention``) run its
+    self-attention in 8 bits (in place; returns ``dit``). ``use_kernel`` None: the kernel where
+    it is built, else the PyTorch reference."""
     if use_kernel is None:
         use_kernel = kernel_available()
     for name in quantized_linear_names(dit):
@@ -112,7 +116,7 @@ def quantize_dit(dit: nn.Module, use_kernel: bool | None = None) -> nn.Module:
             old.use_kernel = use_kernel
         else:
             replace_module(dit, name, Int8Linear.from_linear(old, use_kernel))
-    return _fuse(dit)
+    return _fuse(set_int8_attention_(dit, attention))
 
 
 def _fuse(dit: nn.Module) -> nn.Module:
@@ -121,11 +125,12 @@ def _fuse(dit: nn.Module) -> nn.Module:
     return fuse_int8_blocks_(dit)
 
 
-def empty_int8_dit_(dit: nn.Module) -> nn.Module:
-    """Give a freshly built DiT the int8 layout a quantized checkpoint loads into."""
+def empty_int8_dit_(dit: nn.Module, attention: bool = False) -> nn.Module:
+    """Give a freshly built DiT the int8 layout a quantized checkpoint loads into
+    (``attention``: its record says the self-attention runs in 8 bits too)."""
     use_kernel = kernel_available()
     for name in quantized_linear_names(dit):
         old = dit.get_submodule(name)
         replace_module(dit, name, Int8Linear(old.in_features, old.out_features,
                                        old.bias is not None, use_kernel))
-    return _fuse(dit)
+    return _fuse(set_int8_attention_(dit, attention))

@@ -68,6 +68,13 @@ def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: to
     from audiofast.asr import kernels
 
     b, n, _ = qkv.shape
+    if attn.int8:  # the whole attention in one kernel pass (int8_attention.py's arithmetic)
+        out = kernels.dit_attention_int8(
+            qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads,
+            norm.gamma.detach().float().numpy(), attn.k_norm.gamma.detach().float().numpy(),
+            norm.eps, rope.cos().numpy(), rope.sin().numpy(),
+            None if padding_mask is None else padding_mask.float().numpy())
+        return attn.to_out(torch.from_numpy(out).reshape(b, n, -1))
     q, k, v = (torch.from_numpy(t) for t in kernels.qk_norm_rope(
         qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads, norm.gamma.detach().float().numpy(),
         attn.k_norm.gamma.detach().float().numpy(), norm.eps, rope.cos().numpy(),

@@ -12,6 +12,9 @@ Gradients pass through both roundings unchanged (straight-through estimator). Th
 keeps float weights named as before, so a QAD checkpoint in training loads like its parent;
 :func:`audiofast.diffusion.int8.quantize_dit` turns it into real int8 at export.
 
+Self-attention runs in 8 bits too (queries, keys, values and softmax weights:
+:mod:`audiofast.diffusion.int8_attention`, the int8 kernel's arithmetic).
+
 Which linears: every projection inside the transformer blocks (self/cross-attention q, k, v,
 out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes) and the output
 projection. The input projection (``io_channels`` wide, 513 for the proving ground, not a
@@ -79,7 +82,11 @@ def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
 
 def fake_quantize_(dit: nn.Module) -> nn.Module:
     """Swap each int8-bound linear of ``dit`` for a :class:`FakeQuantLinear` sharing its
-    parameters (in place; returns ``dit``)."""
+    parameters and run its self-attention in 8 bits (:mod:`~audiofast.diffusion.
+    int8_attention`), in place; returns ``dit``."""
+    from audiofast.diffusion.int8_attention import set_int8_attention_
+
+    set_int8_attention_(dit)
     for name in quantized_linear_names(dit):
         old = dit.get_submodule(name)
         if isinstance(old, FakeQuantLinear):

@@ -8,6 +8,11 @@ step predicts x0, keeps the noise that prediction implies, ``eps = (x - (1 - t) 
 moves to the next time, ``x = (1 - t') x0 + t' eps``. The student's pingpong sampler then uses
 its one x0 prediction per step and re-noises with fresh noise, as the parent's does.
 
+The student's times need not be every ``k``-th parent time: given times (``--times``, e.g. a
+sampling-time search's) make each step's target run the parent from ``s_i`` through every
+parent time strictly between ``s_i`` and ``s_{i+1}`` (:func:`parent_paths`), so the student
+learns the jump it will actually take.
+
 Why this method among the alternatives, on this problem:
 
 - *Regressing onto stochastic targets* (the parent's own pingpong steps, or data noised again)
@@ -46,27 +51,41 @@ def halve_schedule(parent_times: torch.Tensor, steps: int) -> torch.Tensor:
     return parent_times[:: parent_steps // steps].clone()
 
 
+def parent_paths(parent_times: torch.Tensor, student_times: torch.Tensor) -> list[torch.Tensor]:
+    """For each student step ``s_i -> s_{i+1}``, the times the parent is run at to make its
+    target: ``s_i`` and every parent time strictly between the two. Even strides give ``k``
+    parent times per step; times a search moved off the parent's grid (``--times``) give 1-4,
+    and each step still ends at the parent's last prediction before ``s_{i+1}``."""
+    paths = []
+    for s, s_next in zip(student_times[:-1].tolist(), student_times[1:].tolist(), strict=True):
+        inner = [float(t) for t in parent_times.tolist() if s_next < t < s]
+        paths.append(torch.tensor([s, *inner]))
+    return paths
+
+
 @torch.no_grad()
 def progressive_target(
-    parent: X0Fn, batch: DistillBatch, parent_times: torch.Tensor, k: int
+    parent: X0Fn, batch: DistillBatch, paths: list[torch.Tensor]
 ) -> torch.Tensor:
-    """The parent's x0 after ``k`` DDIM steps from each item's ``x_t``. Items on the student's
-    schedule (``slot >= 0``) follow the parent's times ``T[k slot .. k (slot + 1)]``; free items
-    stay at their time, so their target is the parent's one-step prediction."""
-    times = parent_times.to(batch.t)
-    on = batch.slot >= 0
-    base = batch.slot.clamp(min=0) * k
-    x, t = batch.xt, batch.t
-    x0 = x
-    for j in range(k):
-        x0 = parent(x, t, batch)
-        if j == k - 1:
-            break
-        t_next = torch.where(on, times[(base + j + 1).clamp(max=len(times) - 1)], t)
-        eps = (x - (1 - t[:, None, None]) * x0) / t[:, None, None]
-        x = (1 - t_next[:, None, None]) * x0 + t_next[:, None, None] * eps
-        t = t_next
-    return x0
+    """The parent's x0 after DDIM steps along ``paths[slot]`` from each item's ``x_t`` (items
+    grouped by slot, so each group runs its own path's length); free items (``slot < 0``) stay
+    at their time, so their target is the parent's one-step prediction."""
+    target = torch.empty_like(batch.x0)
+    for slot in batch.slot.unique().tolist():
+        idx = (batch.slot == slot).nonzero().squeeze(1)
+        part = batch.take(idx)
+        path = paths[slot].to(part.t) if slot >= 0 else part.t[:1]
+        x, t = part.xt, part.t
+        for j in range(len(path)):
+            x0 = parent(x, t, part)
+            if j == len(path) - 1:
+                break
+            t_next = path[j + 1].expand_as(t)
+            eps = (x - (1 - t[:, None, None]) * x0) / t[:, None, None]
+            x = (1 - t_next[:, None, None]) * x0 + t_next[:, None, None] * eps
+            t = t_next
+        target[idx] = x0
+    return target
 
 
 def truncated_snr_mse(x0_pred: torch.Tensor, target: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -76,7 +95,7 @@ def truncated_snr_mse(x0_pred: torch.Tensor, target: torch.Tensor, t: torch.Tens
 
 
 def step_distill_loss(
-    student: X0Fn, parent: X0Fn, batch: DistillBatch, parent_times: torch.Tensor, k: int
+    student: X0Fn, parent: X0Fn, batch: DistillBatch, paths: list[torch.Tensor]
 ) -> torch.Tensor:
-    target = progressive_target(parent, batch, parent_times, k)
+    target = progressive_target(parent, batch, paths)
     return truncated_snr_mse(student(batch.xt, batch.t, batch), target, batch.t)

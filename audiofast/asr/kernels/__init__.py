@@ -140,6 +140,9 @@ def _load(path: Path) -> ctypes.CDLL:
                                                ctypes.c_float, arr, ptr, i64]
     lib.audiofast_qk_norm_rope.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
                                            ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
+    lib.audiofast_dit_attention_int8.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
+                                                 ctypes.c_float, ptr, ptr, ptr, ptr]
+    lib.audiofast_dit_attention_uses_vnni.argtypes = [i64]
     lib.audiofast_gelu.argtypes = [ptr, i64]
     lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
     lib.audiofast_split_heads_f16.argtypes = [ptr, i64, i64, ptr, ptr]
@@ -256,6 +259,41 @@ def qk_norm_rope(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndarray,
         gains[0].ctypes.data, gains[1].ctypes.data, eps, cos.ctypes.data, sin.ctypes.data,
         q.ctypes.data, k.ctypes.data, v.ctypes.data))
     return q, k, v
+
+
+def dit_attention_int8(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndarray,
+                       k_gain: np.ndarray, eps: float, cos: np.ndarray, sin: np.ndarray,
+                       value_mask: np.ndarray | None = None) -> np.ndarray:
+    """The DiT's self-attention in 8 bits (kernels/dit_attention.cpp): QKV rows ``(batch x
+    tokens, 3 x heads x d)`` -> attention rows ``(batch x tokens, heads x d)`` before
+    ``to_out``, the q/k norms and rotary positions as :func:`qk_norm_rope`, v times
+    ``value_mask (batch, tokens)`` when given."""
+    qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
+    cos = np.ascontiguousarray(cos, dtype=np.float32)
+    sin = np.ascontiguousarray(sin, dtype=np.float32)
+    if qkv.ndim != 2 or qkv.shape[1] % (3 * heads) or tokens <= 0 or qkv.shape[0] % tokens:
+        raise ValueError("dit_attention_int8: qkv must be (batch x tokens, 3 x heads x head_dim)")
+    d, batch = qkv.shape[1] // (3 * heads), qkv.shape[0] // tokens
+    if any(g.shape != (d,) for g in gains) or cos.shape != sin.shape or cos.shape[0] != tokens:
+        raise ValueError("dit_attention_int8: gains must be (head_dim,), cos and sin (tokens, "
+                         "rot)")
+    mask = None
+    if value_mask is not None:
+        mask = np.ascontiguousarray(value_mask, dtype=np.float32)
+        if mask.shape != (batch, tokens):
+            raise ValueError("dit_attention_int8: value_mask must be (batch, tokens)")
+    out = np.empty((qkv.shape[0], heads * d), np.float32)
+    _check(_library().audiofast_dit_attention_int8(
+        qkv.ctypes.data, batch, tokens, heads, d, cos.shape[1], gains[0].ctypes.data,
+        gains[1].ctypes.data, eps, cos.ctypes.data, sin.ctypes.data,
+        None if mask is None else mask.ctypes.data, out.ctypes.data))
+    return out
+
+
+def dit_attention_uses_vnni(head_dim: int) -> bool:
+    """Whether :func:`dit_attention_int8` takes the AVX-512 VNNI path for this head width."""
+    return bool(_library().audiofast_dit_attention_uses_vnni(int(head_dim)))
 
 
 def gelu_(x: np.ndarray) -> np.ndarray:

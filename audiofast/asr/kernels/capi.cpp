@@ -13,6 +13,7 @@
 #include "encoder_forward.h"
 #include "quant_linear.h"
 #include "qk_norm_rope.h"
+#include "dit_attention.h"
 #include "pool.h"
 
 namespace {
@@ -113,6 +114,21 @@ int audiofast_qk_norm_rope(const float* qkv, int64_t batch, int64_t tokens, int6
     audiofast::qk_norm_rope(qkv, batch, tokens, heads, d, rot, q_gain, k_gain, eps, cos, sin, q,
                             k, v);
   });
+}
+
+// The DiT's self-attention in 8 bits from its QKV rows (dit_attention.h).
+int audiofast_dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens, int64_t heads,
+                                 int64_t d, int64_t rot, const float* q_gain,
+                                 const float* k_gain, float eps, const float* cos,
+                                 const float* sin, const float* value_mask, float* out) {
+  return guarded([&] {
+    audiofast::dit_attention_int8(qkv, batch, tokens, heads, d, rot, q_gain, k_gain, eps, cos,
+                                  sin, value_mask, out);
+  });
+}
+
+int audiofast_dit_attention_uses_vnni(int64_t d) {
+  return audiofast::dit_attention_uses_vnni(d) ? 1 : 0;
 }
 
 // Whisper's encoder layers over x (batch x frames, width) in place (encoder_forward.h).

@@ -12,9 +12,6 @@
 
 namespace audiofast {
 
-namespace {
-
-// dst = rope(rms(src) * gain) for one head of one token; scratch holds head_dim floats.
 void norm_rotate(const float* src, const float* gain, int64_t d, int64_t rot, float eps,
                  const float* cos, const float* sin, float* scratch, float* dst) {
   float sum = 0.f;
@@ -28,8 +25,6 @@ void norm_rotate(const float* src, const float* gain, int64_t d, int64_t rot, fl
     dst[i] = scratch[i] * cos[i] + scratch[i - half] * sin[i];
   for (int64_t i = rot; i < d; ++i) dst[i] = scratch[i];
 }
-
-}  // namespace
 
 void qk_norm_rope(const float* qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                   int64_t rot, const float* q_gain, const float* k_gain, float eps,

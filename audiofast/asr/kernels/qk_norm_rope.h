@@ -5,6 +5,10 @@
 
 namespace audiofast {
 
+// dst = rope(rms(src) * gain) for one head of one token (d floats; scratch holds d floats).
+void norm_rotate(const float* src, const float* gain, int64_t d, int64_t rot, float eps,
+                 const float* cos, const float* sin, float* scratch, float* dst);
+
 // qkv (batch x tokens, 3 x heads x d) -> q, k, v (batch, heads, tokens, d): q and k RMS-normed
 // per head (gains q_gain, k_gain of d) then rotated on their first `rot` channels by the angles
 // whose cos and sin are (tokens, rot); v copied.

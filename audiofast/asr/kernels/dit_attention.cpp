@@ -1,0 +1,249 @@
+// The SA3 DiT's self-attention in 8 bits, from its fused QKV rows to the rows `to_out` reads, in
+// one pass per (sample, head) (audiofast/diffusion/int8_attention.py has the same arithmetic in
+// PyTorch: what QAD trains against and the fallback where this library is not built).
+//
+// Per head: q, k RMS-normed and rotated (norm_rotate), then
+//   q: 8 bits over each query's own range [min(0, q), max(0, q)] (as every int8 linear's input),
+//   k: symmetric int8 per key,   v: symmetric int8 per channel (over the head's tokens),
+//   scores = (q8 - zero) . k8 * scale_q * scale_k / sqrt(d)          (exact int32 sums)
+//   p8 = round(255 exp(score - max)) per query (the max weight is exactly 255)
+//   out = (p8 . v8) * scale_v / sum(p8)                               (exact int32 sums)
+// With AVX-512 VNNI both products are vpdpbusd over 16 keys (or channels) x 4 bytes; without it
+// the same integers are summed as floats (exact below 2^24: heads up to 512 wide and 512
+// tokens), so both paths give the same sums and differ only in float rounding after them.
+#include "dit_attention.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "array.h"
+#include "avx2.h"
+#include "pool.h"
+#include "qk_norm_rope.h"
+#include "quant_linear.h"
+
+namespace audiofast {
+
+namespace {
+
+constexpr int64_t kTile = 16;  // keys per score tile, channels per value block
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// One (sample, head)'s operands and scores; reused by a thread across the heads it takes.
+struct HeadScratch {
+  int64_t n, d, keys, keys4;  // tokens, head dim, keys padded to 16 and to 4
+  std::vector<float> q, k, v, tmp;     // float rows after norm + rope (n x d)
+  std::vector<uint8_t> q8;             // n x d, with q_zero
+  std::vector<float> q_scale;          // n
+  std::vector<int32_t> q_zero;         // n
+  std::vector<int8_t> k8;              // n x d
+  std::vector<float> k_scale;          // keys (0 past n)
+  std::vector<int32_t> k_sum;          // keys
+  std::vector<int8_t> v8;              // n x d
+  std::vector<float> v_scale;          // d
+  std::vector<float> scores;           // n x keys
+  std::vector<uint8_t> p8;             // n x keys4 (0 past n)
+  std::vector<int32_t> p_sum;          // n
+  std::vector<int8_t> k_tiles, v_tiles;  // VNNI layouts
+
+  HeadScratch(int64_t n_, int64_t d_)
+      : n(n_), d(d_), keys(round_up(n_, kTile)), keys4(round_up(n_, 4)), q(n * d), k(n * d),
+        v(n * d), tmp(d), q8(n * d), q_scale(n), q_zero(n), k8(n * d), k_scale(keys),
+        k_sum(keys), v8(n * d), v_scale(d), scores(n * keys), p8(n * keys4), p_sum(n),
+        k_tiles(keys * d), v_tiles(keys4 * d) {}
+};
+
+// 8 bits over [min(0, x), max(0, x)] (qad.fake_quant_activation's arithmetic).
+void quantize_asymmetric(const float* x, int64_t d, uint8_t* q, float& scale, int32_t& zero) {
+  float lo = 0.f, hi = 0.f;
+  for (int64_t i = 0; i < d; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  scale = (hi - lo) / 255.f;
+  if (!(scale > 0.f)) scale = 1.f;
+  zero = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / scale)), 0, 255);
+  for (int64_t i = 0; i < d; ++i)
+    q[i] = static_cast<uint8_t>(
+        std::clamp(static_cast<int32_t>(std::nearbyint(x[i] / scale)) + zero, 0, 255));
+}
+
+int8_t round_symmetric(float x, float scale) {
+  return static_cast<int8_t>(std::clamp(static_cast<int32_t>(std::nearbyint(x / scale)), -127, 127));
+}
+
+float symmetric_scale(float amax) { return amax > 0.f ? amax / 127.f : 1.f; }
+
+void quantize_head(HeadScratch& s) {
+  const int64_t n = s.n, d = s.d;
+  for (int64_t t = 0; t < n; ++t) {
+    quantize_asymmetric(&s.q[t * d], d, &s.q8[t * d], s.q_scale[t], s.q_zero[t]);
+    float amax = 0.f;
+    for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(s.k[t * d + i]));
+    const float scale = symmetric_scale(amax);
+    int32_t total = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      s.k8[t * d + i] = round_symmetric(s.k[t * d + i], scale);
+      total += s.k8[t * d + i];
+    }
+    s.k_scale[t] = scale;
+    s.k_sum[t] = total;
+  }
+  std::fill(s.k_scale.begin() + n, s.k_scale.end(), 0.f);
+  std::fill(s.k_sum.begin() + n, s.k_sum.end(), 0);
+  for (int64_t i = 0; i < d; ++i) {
+    float amax = 0.f;
+    for (int64_t t = 0; t < n; ++t) amax = std::max(amax, std::fabs(s.v[t * d + i]));
+    s.v_scale[i] = symmetric_scale(amax);
+  }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i) s.v8[t * d + i] = round_symmetric(s.v[t * d + i], s.v_scale[i]);
+}
+
+// scores rows -> p8 rows (round(255 exp(s - max)), 0 past n) and their sums.
+void softmax_8bit(HeadScratch& s) {
+  alignas(32) float e[8];
+  for (int64_t i = 0; i < s.n; ++i) {
+    float* row = &s.scores[i * s.keys];
+    const float top = *std::max_element(row, row + s.n);
+    for (int64_t t = s.n; t < s.keys; ++t) row[t] = -INFINITY;
+    uint8_t* p = &s.p8[i * s.keys4];
+    int32_t total = 0;
+    const __m256 topv = _mm256_set1_ps(top), full = _mm256_set1_ps(255.f);
+    for (int64_t t = 0; t < s.keys; t += 8) {
+      const __m256 w = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), topv)), full);
+      _mm256_store_ps(e, _mm256_round_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      for (int64_t j = 0; j < 8 && t + j < s.keys4; ++j) {
+        const int32_t v = t + j < s.n ? static_cast<int32_t>(e[j]) : 0;
+        p[t + j] = static_cast<uint8_t>(v);
+        total += v;
+      }
+    }
+    s.p_sum[i] = total;
+  }
+}
+
+// Scores and weighted values with the integers summed as floats (any CPU).
+void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
+  const int64_t n = s.n, d = s.d;
+  std::vector<float> kt(d * s.keys, 0.f), qf(d), acc(d);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i) kt[i * s.keys + t] = s.k8[t * d + i];
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(s.q8[r * d + i] - s.q_zero[r]);
+    float* row = &s.scores[r * s.keys];
+    std::fill(row, row + s.keys, 0.f);
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t t = 0; t < s.keys; ++t) row[t] += qf[i] * kt[i * s.keys + t];
+    const float qs = s.q_scale[r] * inv_sqrt_d;
+    for (int64_t t = 0; t < n; ++t) row[t] *= qs * s.k_scale[t];
+  }
+  softmax_8bit(s);
+  for (int64_t r = 0; r < n; ++r) {
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t t = 0; t < n; ++t) {
+      const float p = s.p8[r * s.keys4 + t];
+      for (int64_t i = 0; i < d; ++i) acc[i] += p * s.v8[t * d + i];
+    }
+    const float inv = 1.f / static_cast<float>(s.p_sum[r]);
+    for (int64_t i = 0; i < d; ++i) out[r * out_stride + i] = acc[i] * s.v_scale[i] * inv;
+  }
+}
+
+// The same with vpdpbusd (d a multiple of 16): keys as tiles of 16 keys x 4 dims, values as
+// blocks of 16 channels x 4 tokens.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
+    HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
+  const int64_t n = s.n, d = s.d, groups = d / 4;
+  std::fill(s.k_tiles.begin(), s.k_tiles.end(), int8_t{0});
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i)
+      s.k_tiles[(t / kTile) * kTile * d + (i / 4) * kTile * 4 + (t % kTile) * 4 + i % 4] =
+          s.k8[t * d + i];
+  for (int64_t t0 = 0; t0 < s.keys; t0 += kTile) {
+    const int8_t* tile = &s.k_tiles[t0 * d];
+    const __m512 kscale = _mm512_mul_ps(_mm512_loadu_ps(&s.k_scale[t0]),
+                                        _mm512_set1_ps(inv_sqrt_d));
+    const __m512i ksum = _mm512_loadu_si512(&s.k_sum[t0]);
+    for (int64_t r = 0; r < n; ++r) {
+      __m512i acc = _mm512_setzero_si512();
+      const uint8_t* q = &s.q8[r * d];
+      for (int64_t g = 0; g < groups; ++g) {
+        int32_t four;
+        std::memcpy(&four, q + 4 * g, 4);
+        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(four),
+                                  _mm512_loadu_si512(tile + g * kTile * 4));
+      }
+      const __m512i exact = _mm512_sub_epi32(acc, _mm512_mullo_epi32(
+          _mm512_set1_epi32(s.q_zero[r]), ksum));
+      _mm512_storeu_ps(&s.scores[r * s.keys + t0], _mm512_mul_ps(
+          _mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(s.q_scale[r]), kscale)));
+    }
+  }
+  softmax_8bit(s);
+  std::fill(s.v_tiles.begin(), s.v_tiles.end(), int8_t{0});
+  const int64_t blocks = d / kTile;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i)
+      s.v_tiles[((t / 4) * blocks + i / kTile) * kTile * 4 + (i % kTile) * 4 + t % 4] =
+          s.v8[t * d + i];
+  constexpr int64_t kMaxBlocks = 8;  // heads up to 128 wide on this path
+  for (int64_t r = 0; r < n; ++r) {
+    __m512i acc[kMaxBlocks];
+    for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm512_setzero_si512();
+    const uint8_t* p = &s.p8[r * s.keys4];
+    for (int64_t g = 0; g < s.keys4 / 4; ++g) {
+      int32_t four;
+      std::memcpy(&four, p + 4 * g, 4);
+      const __m512i pv = _mm512_set1_epi32(four);
+      for (int64_t b = 0; b < blocks; ++b)
+        acc[b] = _mm512_dpbusd_epi32(acc[b], pv, _mm512_loadu_si512(
+            &s.v_tiles[(g * blocks + b) * kTile * 4]));
+    }
+    const __m512 inv = _mm512_set1_ps(1.f / static_cast<float>(s.p_sum[r]));
+    for (int64_t b = 0; b < blocks; ++b)
+      _mm512_storeu_ps(out + r * out_stride + b * kTile, _mm512_mul_ps(
+          _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b]), _mm512_loadu_ps(&s.v_scale[b * kTile])), inv));
+  }
+}
+
+}  // namespace
+
+bool dit_attention_uses_vnni(int64_t d) { return use_vnni() && d % kTile == 0 && d <= 128; }
+
+void dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens, int64_t heads,
+                        int64_t d, int64_t rot, const float* q_gain, const float* k_gain,
+                        float eps, const float* cos, const float* sin, const float* value_mask,
+                        float* out) {
+  check(rot % 2 == 0 && rot <= d, "dit_attention: rotary channels must be even and <= head dim");
+  check(d % 4 == 0 && d <= 512 && tokens <= 512,
+        "dit_attention: head dim must be a multiple of 4, head dim and tokens at most 512");
+  const int64_t width = heads * d;
+  const bool vnni = dit_attention_uses_vnni(d);
+  const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
+  parallel_for(batch * heads, [&](int64_t w0, int64_t w1) {
+    HeadScratch s(tokens, d);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / heads, h = w % heads;
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float* row = qkv + (b * tokens + t) * 3 * width;
+        norm_rotate(row + h * d, q_gain, d, rot, eps, cos + t * rot, sin + t * rot,
+                    s.tmp.data(), &s.q[t * d]);
+        norm_rotate(row + width + h * d, k_gain, d, rot, eps, cos + t * rot, sin + t * rot,
+                    s.tmp.data(), &s.k[t * d]);
+        const float m = value_mask ? value_mask[b * tokens + t] : 1.f;
+        for (int64_t i = 0; i < d; ++i) s.v[t * d + i] = row[2 * width + h * d + i] * m;
+      }
+      quantize_head(s);
+      float* dst = out + b * tokens * width + h * d;
+      if (vnni)
+        attend_vnni(s, inv_sqrt_d, dst, width);
+      else
+        attend_float(s, inv_sqrt_d, dst, width);
+    }
+  });
+}
+
+}  // namespace audiofast
