@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,17 +90,17 @@ def test_vnni_and_avx2_paths_sum_the_same_integers(tmp_path) -> None:
     if not kernels.dit_attention_uses_vnni(32):
         pytest.skip("this CPU has no AVX-512 VNNI: only the float path can run here")
     attn, qkv, rope = _case(32, seed=4)
-    np.save(tmp_path / "qkv.npy", qkv.numpy())
-    script = (
-        "import numpy as np, torch, sys; sys.path.insert(0, %r)\n"
-        "from tests.test_int8_attention import _case, _kernel\n"
-        "from audiofast.asr import kernels\n"
-        "attn, qkv, rope = _case(32, seed=4)\n"
-        "assert not kernels.dit_attention_uses_vnni(32)\n"
-        "np.save(%r, _kernel(attn, qkv, rope).numpy())\n"
-    ) % (os.getcwd(), str(tmp_path / "avx2.npy"))
+    root = str(Path(__file__).parents[1])
+    script = "\n".join([
+        f"import sys; sys.path.insert(0, {root!r})",
+        "import numpy as np",
+        "from tests.test_int8_attention import _case, _kernel",
+        "from audiofast.asr import kernels",
+        "attn, qkv, rope = _case(32, seed=4)",
+        "assert not kernels.dit_attention_uses_vnni(32)",
+        f"np.save({str(tmp_path / 'avx2.npy')!r}, _kernel(attn, qkv, rope).numpy())"])
     env = {**os.environ, "AUDIOFAST_NO_VNNI": "1"}
-    subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=os.getcwd())
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=root)
     vnni = _kernel(attn, qkv, rope)
     avx2 = torch.from_numpy(np.load(tmp_path / "avx2.npy"))
     assert (vnni - avx2).abs().max() <= 2e-3 * vnni.abs().max()
@@ -130,8 +131,6 @@ def test_gradients_pass_the_rounding() -> None:
 
 def test_int8_checkpoints_say_whether_attention_is_8_bit(tmp_path) -> None:
     """New QAD students record it; int8 checkpoints written before it keep float attention."""
-    from pathlib import Path
-
     from audiofast.diffusion.checkpoint import load_checkpoint
     from audiofast.diffusion.int8 import QUANTIZATION
 
