@@ -4,8 +4,10 @@
 
 Options: float32 (the baseline), the project's packed int8 kernel (per-token 8-bit activations,
 exact int32 sums: what ``distill --stage qad`` exports) with its blocks' norms fused into the
-kernel calls (diffusion/int8_block.py: norms and adaLN before the linears, q/k norms and RoPE
-before attention), with the first fusion only, and without, torch's dynamic int8 quantization of the
+kernel calls (diffusion/int8_block.py: norms and adaLN before the linears) and its
+self-attention in 8 bits in one kernel pass (q/k norms, RoPE, int8 QK and PV:
+kernels.dit_attention_int8); the same with float attention (q/k norms and RoPE in a kernel,
+then SDPA), with the first fusion only, and without; torch's dynamic int8 quantization of the
 same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
 (dequantized weights, fake-quantized activations: numerics only). Runs are interleaved (each
 round times every option once) and the median per option is reported, with the output's
@@ -91,10 +93,14 @@ def main() -> None:
         extra["guidance"] = cfg.student.guidance.scale
     options = {
         "float32": model.dit,
-        "int8 kernel, fused blocks": quantize_dit(copy.deepcopy(model.dit), use_kernel=True),
+        "int8 kernel, fused blocks, int8 attention": quantize_dit(copy.deepcopy(model.dit),
+                                                                  use_kernel=True),
+        "int8 kernel, fused blocks, float attention": quantize_dit(
+            copy.deepcopy(model.dit), use_kernel=True, attention=False),
         "int8 kernel, fused norms, PyTorch q/k norm + RoPE": NormsOnly(
-            quantize_dit(copy.deepcopy(model.dit), use_kernel=True)),
-        "int8 kernel, unfused blocks": unfused(quantize_dit(copy.deepcopy(model.dit), True)),
+            quantize_dit(copy.deepcopy(model.dit), use_kernel=True, attention=False)),
+        "int8 kernel, unfused blocks": unfused(quantize_dit(copy.deepcopy(model.dit), True,
+                                                            attention=False)),
         "torch dynamic int8": torch_dynamic(copy.deepcopy(model.dit)),
         "int8 PyTorch reference": quantize_dit(copy.deepcopy(model.dit), use_kernel=False),
     }
@@ -121,7 +127,7 @@ def main() -> None:
                      "speedup_vs_fp32": statistics.median(times["float32"]) / med,
                      "relative_error_vs_fp32": err})
     reference = outputs["int8 PyTorch reference"]
-    kernel_vs_ref = ((outputs["int8 kernel, fused blocks"] - reference).abs().max()
+    kernel_vs_ref = ((outputs["int8 kernel, fused blocks, int8 attention"] - reference).abs().max()
                      / reference.abs().max()).item()
     print(f"\nDiT pass, batch {args.batch} x {frames} latents, {args.threads} threads, "
           f"median of {args.runs}\n")

@@ -56,7 +56,7 @@ def _rows(o: torch.Tensor) -> torch.Tensor:
     return o.transpose(1, 2).reshape(b, n, h * d)
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 20])  # 20: not a multiple of 16, float path
+@pytest.mark.parametrize("head_dim", [32, 64, 24])  # 24: not a multiple of 16, float path
 def test_kernel_is_the_pytorch_arithmetic(head_dim: int) -> None:
     attn, qkv, rope = _case(head_dim)
     with torch.no_grad():

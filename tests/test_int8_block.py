@@ -148,3 +148,33 @@ def test_qk_norm_rope_bad_shapes_are_one_line() -> None:
     with pytest.raises(ValueError, match="rotary channels must be even"):
         kernels.qk_norm_rope(np.zeros((10, 3 * 2 * 32), np.float32), 5, 2, gain, gain, 1e-6,
                              np.zeros((5, 3), np.float32), np.zeros((5, 3), np.float32))
+
+
+def test_gated_linear_is_the_unfused_glu_and_residual() -> None:
+    gen = torch.Generator().manual_seed(6)
+    linear = Int8Linear.from_linear(torch.nn.Linear(64, 48), use_kernel=True)
+    a = torch.randn(3 * 10, 128, generator=gen) * 2
+    x = torch.randn(3 * 10, 48, generator=gen)
+    gate = torch.rand(3, 48, generator=gen)
+    value, g = a.chunk(2, -1)
+    with torch.no_grad():
+        glu_ref = x + linear(value * torch.nn.functional.silu(g)) * gate.repeat_interleave(10, 0)
+        plain_ref = x + linear(value) * gate.repeat_interleave(10, 0)
+    glu = kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy(), gate.numpy())
+    plain = kernels.gated_linear(value.contiguous().numpy(), 10, linear.packed(), False,
+                                 x.numpy(), gate.numpy())
+    bare = kernels.gated_linear(value.contiguous().numpy(), 10, linear.packed())
+    for got, want in ((glu, glu_ref), (plain, plain_ref)):  # a rounding tie at most
+        assert np.abs(got - want.numpy()).max() < 2e-2
+        assert np.abs(got - want.numpy()).mean() < 1e-4
+    torch.testing.assert_close(torch.from_numpy(bare), linear(value), atol=1e-5, rtol=1e-5)
+    swapped = kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy(),
+                                   gate.flip(0).numpy())
+    assert np.abs(swapped - glu).max() > 0.1  # each sample takes its own gate
+    with pytest.raises(ValueError, match=r"x must be \(rows, 2 x in\)"):
+        kernels.gated_linear(value.contiguous().numpy(), 10, linear.packed(), True, x.numpy(),
+                             gate.numpy())
+    with pytest.raises(ValueError, match=r"gate must be \(samples, out\)"):
+        kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy(), gate[:2].numpy())
+    with pytest.raises(ValueError, match="give both residual and gate"):
+        kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy())

@@ -13,10 +13,17 @@ FakeQuantLinear` (what QAD trains against); only float rounding order differs
 (``rms(x) * (gamma * (1 + s))`` here, ``(rms(x) * gamma) * (1 + s)`` there).
 tests/test_int8_block.py bounds the difference.
 
-Self-attention then takes its per-head q/k RMS norms, rotary positions and head layout in one
-more kernel pass (``kernels.qk_norm_rope``: two norms, two rotations and four layout copies in
-PyTorch) before SDPA; that part is float32 and equals :class:`~audiofast.diffusion.attention.
+Self-attention: in 8 bits (``attn.int8``: int8 checkpoints that record it, and what QAD trains
+with) it is one kernel pass from the QKV rows to the rows ``to_out`` reads
+(``kernels.dit_attention_int8``: q/k norms, RoPE, int8 QK and PV; :mod:`~audiofast.diffusion.
+int8_attention` has the arithmetic); in float32 the per-head q/k RMS norms, rotary positions
+and head layout are one kernel pass (``kernels.qk_norm_rope``: two norms, two rotations and four
+layout copies in PyTorch) before SDPA, equal to :class:`~audiofast.diffusion.attention.
 Attention`'s own math up to rounding order.
+
+The two gated residuals (``x + to_out(h) * sigmoid(1 - gate)`` and the feed-forward's
+``x + out(value * silu(gate)) * sigmoid(1 - gate)``) are one ``kernels.gated_linear`` call each:
+the GLU and the row quantization in one pass, the gated residual as the GEMM's epilogue.
 """
 
 from __future__ import annotations
@@ -54,35 +61,60 @@ def modulated_linear(
     return torch.from_numpy(y).reshape(b, n, -1)
 
 
-def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: torch.Tensor,
-                   padding_mask: torch.Tensor | None) -> torch.Tensor:
-    """``attn(x, rope=rope, projected=qkv)`` with the per-head q/k RMS norms, the rotary
-    positions and the head layout in one kernel pass (``kernels.qk_norm_rope``) before SDPA,
-    when the kernel runs this block's linears and can take the attention: plain (not
-    differential), RMS q/k norms (the fallback is the same math in PyTorch)."""
+def attention_rows(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: torch.Tensor,
+                   padding_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The self-attention's rows before ``to_out`` (``[B, N, heads x d]``) from the kernels,
+    or None where they cannot take it: not fused, differential, non-RMS q/k norms, RoPE wider
+    than a head. 8-bit attention (``attn.int8``) is one kernel pass
+    (``kernels.dit_attention_int8``); float attention takes its q/k norms, rotary positions
+    and head layout from ``kernels.qk_norm_rope``, then SDPA."""
     norm = getattr(attn, "q_norm", None)
     if (not FusedInt8Block.runs_fused(attn.to_qkv, x) or attn.differential
             or not isinstance(norm, RMSNorm) or rope is None
             or rope.shape[-1] > qkv.shape[-1] // (3 * attn.heads)):
-        return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+        return None
     from audiofast.asr import kernels
 
     b, n, _ = qkv.shape
-    if attn.int8:  # the whole attention in one kernel pass (int8_attention.py's arithmetic)
-        out = kernels.dit_attention_int8(
-            qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads,
+    args = (qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads,
             norm.gamma.detach().float().numpy(), attn.k_norm.gamma.detach().float().numpy(),
-            norm.eps, rope.cos().numpy(), rope.sin().numpy(),
-            None if padding_mask is None else padding_mask.float().numpy())
-        return attn.to_out(torch.from_numpy(out).reshape(b, n, -1))
-    q, k, v = (torch.from_numpy(t) for t in kernels.qk_norm_rope(
-        qkv.detach().reshape(b * n, -1).numpy(), n, attn.heads, norm.gamma.detach().float().numpy(),
-        attn.k_norm.gamma.detach().float().numpy(), norm.eps, rope.cos().numpy(),
-        rope.sin().numpy()))
+            norm.eps, rope.cos().numpy(), rope.sin().numpy())
+    if attn.int8:  # int8_attention.py's arithmetic
+        mask = None if padding_mask is None else padding_mask.float().numpy()
+        return torch.from_numpy(kernels.dit_attention_int8(*args, mask)).reshape(b, n, -1)
+    q, k, v = (torch.from_numpy(t) for t in kernels.qk_norm_rope(*args))
     if padding_mask is not None:  # as Attention does: padded positions give zero values
         v.mul_(padding_mask[:, None, :, None].to(v.dtype))
-    out = F.scaled_dot_product_attention(q, k, v)
-    return attn.to_out(out.transpose(1, 2).reshape(b, n, -1))
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, -1)
+
+
+def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: torch.Tensor,
+                   padding_mask: torch.Tensor | None) -> torch.Tensor:
+    """``attn(x, rope=rope, projected=qkv)``, through the kernels where they take it."""
+    rows = attention_rows(attn, x, qkv, rope, padding_mask)
+    if rows is None:
+        return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+    return attn.to_out(rows)
+
+
+def gated_residual(linear: torch.nn.Module, a: torch.Tensor, x: torch.Tensor,
+                   gate: torch.Tensor, glu: bool = False) -> torch.Tensor:
+    """``x + linear(a') * gate`` with ``a' = a`` or (``glu``) ``value * silu(gate_half)`` of
+    ``a``'s two halves; ``gate [B, 1, D]``. One kernel call (``kernels.gated_linear``: the
+    GLU and quantization in one pass, the gated residual as the GEMM's epilogue) when the
+    kernel runs ``linear``."""
+    if not FusedInt8Block.runs_fused(linear, x):
+        if glu:
+            value, g = a.chunk(2, -1)
+            a = value * F.silu(g)
+        return torch.addcmul(x, linear(a), gate)
+    from audiofast.asr import kernels
+
+    b, n, d = x.shape
+    y = kernels.gated_linear(a.detach().reshape(b * n, -1).numpy(), n, linear.packed(), glu,
+                             x.detach().reshape(b * n, d).numpy(),
+                             gate.detach().reshape(b, d).float().numpy())
+    return torch.from_numpy(y).reshape(b, n, d)
 
 
 class FusedInt8Block(DiTBlock):
@@ -107,17 +139,24 @@ class FusedInt8Block(DiTBlock):
             (self.to_scale_shift_gate + modulation).unsqueeze(1).chunk(6, dim=-1)
         )
         qkv = modulated_linear(self.self_attn.to_qkv, x, self.pre_norm, scale_sa, shift_sa)
-        h = self_attention(self.self_attn, x, qkv, rope, padding_mask)
-        x = torch.addcmul(x, h, torch.sigmoid(1 - gate_sa))
+        rows = attention_rows(self.self_attn, x, qkv, rope, padding_mask)
+        if rows is None:
+            h = self.self_attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
+            x = torch.addcmul(x, h, torch.sigmoid(1 - gate_sa))
+        else:
+            x = gated_residual(self.self_attn.to_out, rows, x, torch.sigmoid(1 - gate_sa))
         q = modulated_linear(self.cross_attn.to_q, x, self.cross_attend_norm)
         x = x + self.cross_attn(x, context=context, projected=q)
         if local_cond is not None and hasattr(self, "to_local_embed"):
             local = self.to_local_embed(local_cond)
             x = x + F.pad(local, (0, 0, x.shape[1] - local.shape[1], 0))
         glu, out = self.ff.ff[0], self.ff.ff[2]
-        value, gate = modulated_linear(glu.proj, x, self.ff_norm, scale_ff, shift_ff).chunk(2, -1)
-        act = torch.sin(3.14159265359 * gate) if glu.sinusoidal else F.silu(gate)
-        return torch.addcmul(x, out(value * act), torch.sigmoid(1 - gate_ff))
+        projected = modulated_linear(glu.proj, x, self.ff_norm, scale_ff, shift_ff)
+        if glu.sinusoidal:
+            value, gate = projected.chunk(2, -1)
+            act = value * torch.sin(3.14159265359 * gate)
+            return torch.addcmul(x, out(act), torch.sigmoid(1 - gate_ff))
+        return gated_residual(out, projected, x, torch.sigmoid(1 - gate_ff), glu=True)
 
 
 def fuse_int8_blocks_(dit: torch.nn.Module) -> torch.nn.Module:

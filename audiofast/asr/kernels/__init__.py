@@ -138,6 +138,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_modulated_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64,
                                                ctypes.c_float, arr, ptr, i64]
+    lib.audiofast_gated_linear.argtypes = [ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, i64,
+                                           arr, ptr, i64]
     lib.audiofast_qk_norm_rope.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
                                            ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
     lib.audiofast_dit_attention_int8.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
@@ -234,6 +236,35 @@ def modulated_linear(x: np.ndarray, tokens: int, mult: np.ndarray, shift: np.nda
     _check(_library().audiofast_modulated_linear(
         x.ctypes.data, x.shape[0], x.shape[1], tokens, mult.ctypes.data, shift.ctypes.data,
         mult.size, eps, arrays, y.ctypes.data, y.size))
+    return y
+
+
+def gated_linear(x: np.ndarray, tokens: int, linear: Sequence[np.ndarray], glu: bool = False,
+                 residual: np.ndarray | None = None, gate: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """``residual + L(a) * gate[b]`` (or ``L(a)`` without a residual) for rows of ``tokens``
+    per sample: ``a = x``, or with ``glu`` ``a = x[:, :in] * silu(x[:, in:])``; ``gate
+    (samples, out)``. The DiT's attention output and second feed-forward linear in one call."""
+    if len(linear) != 4:
+        raise ValueError("gated_linear takes (weight, scales, zero-point terms, bias)")
+    if (residual is None) != (gate is None):
+        raise ValueError("gated_linear: give both residual and gate, or neither")
+    arrays = as_arrays(linear)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError("gated_linear: x must be (rows, in)")
+    y = np.empty((x.shape[0], arrays[3].shape[0]), dtype=np.float32)
+    res = gate_arr = None
+    if residual is not None:
+        res = np.ascontiguousarray(residual, dtype=np.float32)
+        gate_arr = np.ascontiguousarray(gate, dtype=np.float32)
+        if res.shape != y.shape:
+            raise ValueError("gated_linear: residual must be (rows, out)")
+    _check(_library().audiofast_gated_linear(
+        x.ctypes.data, x.shape[0], x.shape[1], tokens, int(glu),
+        None if res is None else res.ctypes.data, None if gate_arr is None else
+        gate_arr.ctypes.data, 0 if gate_arr is None else gate_arr.size, arrays, y.ctypes.data,
+        y.size))
     return y
 
 

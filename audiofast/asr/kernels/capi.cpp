@@ -105,6 +105,25 @@ int audiofast_modulated_linear(const float* x, int64_t rows, int64_t in, int64_t
   });
 }
 
+// The DiT's gated residual linears, with the GLU before the second feed-forward linear
+// (quant_linear.h).
+int audiofast_gated_linear(const float* x, int64_t rows, int64_t in, int64_t tokens, int glu,
+                           const float* residual, const float* gate, int64_t n_gate,
+                           const audiofast::Array* linear, float* y, int64_t y_size) {
+  return guarded([&] {
+    const auto L = audiofast::linear_at(linear, 0);
+    audiofast::check(in == (glu ? 2 : 1) * L.in && L.bits == 8,
+                     glu ? "gated_linear: x must be (rows, 2 x in) float32 for an int8 linear"
+                         : "gated_linear: x must be (rows, in) float32 for an int8 linear");
+    audiofast::check(tokens > 0 && rows % tokens == 0,
+                     "gated_linear: rows must be whole samples of `tokens` rows");
+    audiofast::check(!residual || (n_gate == rows / tokens * L.out && L.out % 8 == 0),
+                     "gated_linear: gate must be (samples, out)");
+    audiofast::check(y_size == rows * L.out, "gated_linear: output buffer of the wrong size");
+    audiofast::gated_linear(L, x, rows, tokens, glu != 0, residual, gate, y);
+  });
+}
+
 // The DiT's self-attention heads: q/k RMS norm + RoPE + head layout (qk_norm_rope.h).
 int audiofast_qk_norm_rope(const float* qkv, int64_t batch, int64_t tokens, int64_t heads,
                            int64_t d, int64_t rot, const float* q_gain, const float* k_gain,

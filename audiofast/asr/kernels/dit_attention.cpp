@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "array.h"
@@ -36,7 +37,7 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // One (sample, head)'s operands and scores; reused by a thread across the heads it takes.
 struct HeadScratch {
-  int64_t n, d, keys, keys4;  // tokens, head dim, keys padded to 16 and to 4
+  int64_t n, d, keys;  // tokens, head dim, keys padded to whole tiles
   std::vector<float> q, k, v, tmp;     // float rows after norm + rope (n x d)
   std::vector<uint8_t> q8;             // n x d, with q_zero
   std::vector<float> q_scale;          // n
@@ -47,81 +48,127 @@ struct HeadScratch {
   std::vector<int8_t> v8;              // n x d
   std::vector<float> v_scale;          // d
   std::vector<float> scores;           // n x keys
-  std::vector<uint8_t> p8;             // n x keys4 (0 past n)
+  std::vector<uint8_t> p8;             // n x keys (0 past n)
   std::vector<int32_t> p_sum;          // n
   std::vector<int8_t> k_tiles, v_tiles;  // VNNI layouts
 
   HeadScratch(int64_t n_, int64_t d_)
-      : n(n_), d(d_), keys(round_up(n_, kTile)), keys4(round_up(n_, 4)), q(n * d), k(n * d),
-        v(n * d), tmp(d), q8(n * d), q_scale(n), q_zero(n), k8(n * d), k_scale(keys),
-        k_sum(keys), v8(n * d), v_scale(d), scores(n * keys), p8(n * keys4), p_sum(n),
-        k_tiles(keys * d), v_tiles(keys4 * d) {}
+      : n(n_), d(d_), keys(round_up(n_, kTile)), q(n * d), k(n * d), v(n * d), tmp(d),
+        q8(n * d), q_scale(n), q_zero(n), k8(n * d), k_scale(keys), k_sum(keys), v8(n * d),
+        v_scale(d), scores(n * keys), p8(n * keys), p_sum(n), k_tiles(keys * d),
+        v_tiles(keys * d) {}
 };
 
-// 8 bits over [min(0, x), max(0, x)] (qad.fake_quant_activation's arithmetic).
-void quantize_asymmetric(const float* x, int64_t d, uint8_t* q, float& scale, int32_t& zero) {
-  float lo = 0.f, hi = 0.f;
-  for (int64_t i = 0; i < d; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-  scale = (hi - lo) / 255.f;
-  if (!(scale > 0.f)) scale = 1.f;
-  zero = std::clamp(static_cast<int32_t>(std::nearbyint(-lo / scale)), 0, 255);
-  for (int64_t i = 0; i < d; ++i)
-    q[i] = static_cast<uint8_t>(
-        std::clamp(static_cast<int32_t>(std::nearbyint(x[i] / scale)) + zero, 0, 255));
+// 8 lanes of int32 -> 8 bytes (saturating: the values are already in range).
+inline void store8_u8(__m256i v, uint8_t* dst) {
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packus_epi16(w, w));
 }
 
-int8_t round_symmetric(float x, float scale) {
-  return static_cast<int8_t>(std::clamp(static_cast<int32_t>(std::nearbyint(x / scale)), -127, 127));
+inline void store8_i8(__m256i v, int8_t* dst) {
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(w, w));
+}
+
+inline float hmax8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return *std::max_element(lanes, lanes + 8);
+}
+
+inline float hmin8(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  return *std::min_element(lanes, lanes + 8);
+}
+
+// round(x / scale) (nearest even, as torch.round and std::nearbyint), clamped.
+inline __m256i round_div(__m256 x, __m256 scale, __m256i lo, __m256i hi) {
+  const __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(x, scale));
+  return _mm256_min_epi32(_mm256_max_epi32(v, lo), hi);
 }
 
 float symmetric_scale(float amax) { return amax > 0.f ? amax / 127.f : 1.f; }
 
+// The head's q (8 bits over [min(0, q), max(0, q)] per row: qad.fake_quant_activation's
+// arithmetic), k (symmetric per row) and v (symmetric per channel); d a multiple of 8.
 void quantize_head(HeadScratch& s) {
   const int64_t n = s.n, d = s.d;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i zero_i = _mm256_setzero_si256(), q_hi = _mm256_set1_epi32(255);
+  const __m256i k_lo = _mm256_set1_epi32(-127), k_hi = _mm256_set1_epi32(127);
+  alignas(32) int32_t lanes[8];
   for (int64_t t = 0; t < n; ++t) {
-    quantize_asymmetric(&s.q[t * d], d, &s.q8[t * d], s.q_scale[t], s.q_zero[t]);
-    float amax = 0.f;
-    for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(s.k[t * d + i]));
-    const float scale = symmetric_scale(amax);
-    int32_t total = 0;
-    for (int64_t i = 0; i < d; ++i) {
-      s.k8[t * d + i] = round_symmetric(s.k[t * d + i], scale);
-      total += s.k8[t * d + i];
+    const float* q = &s.q[t * d];
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+      lo = _mm256_min_ps(lo, _mm256_loadu_ps(q + i));
+      hi = _mm256_max_ps(hi, _mm256_loadu_ps(q + i));
     }
-    s.k_scale[t] = scale;
-    s.k_sum[t] = total;
+    const float low = hmin8(lo);
+    float scale = (hmax8(hi) - low) / 255.f;
+    if (!(scale > 0.f)) scale = 1.f;
+    const int32_t zero = std::clamp(static_cast<int32_t>(std::nearbyint(-low / scale)), 0, 255);
+    const __m256 sv = _mm256_set1_ps(scale);
+    const __m256i zv = _mm256_set1_epi32(zero);
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(q + i), sv));
+      store8_u8(_mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(v, zv), zero_i), q_hi),
+                &s.q8[t * d + i]);
+    }
+    s.q_scale[t] = scale;
+    s.q_zero[t] = zero;
+    const float* k = &s.k[t * d];
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(k + i)));
+    const float ks = symmetric_scale(hmax8(amax));
+    const __m256 ksv = _mm256_set1_ps(ks);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m256i v = round_div(_mm256_loadu_ps(k + i), ksv, k_lo, k_hi);
+      total = _mm256_add_epi32(total, v);
+      store8_i8(v, &s.k8[t * d + i]);
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
+    s.k_scale[t] = ks;
+    s.k_sum[t] = std::accumulate(lanes, lanes + 8, 0);
   }
   std::fill(s.k_scale.begin() + n, s.k_scale.end(), 0.f);
   std::fill(s.k_sum.begin() + n, s.k_sum.end(), 0);
-  for (int64_t i = 0; i < d; ++i) {
-    float amax = 0.f;
-    for (int64_t t = 0; t < n; ++t) amax = std::max(amax, std::fabs(s.v[t * d + i]));
-    s.v_scale[i] = symmetric_scale(amax);
+  for (int64_t i = 0; i < d; i += 8) {
+    __m256 amax = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t)
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(&s.v[t * d + i])));
+    alignas(32) float am[8];
+    _mm256_store_ps(am, amax);
+    for (int64_t j = 0; j < 8; ++j) s.v_scale[i + j] = symmetric_scale(am[j]);
+    const __m256 vs = _mm256_loadu_ps(&s.v_scale[i]);
+    for (int64_t t = 0; t < n; ++t)
+      store8_i8(round_div(_mm256_loadu_ps(&s.v[t * d + i]), vs, k_lo, k_hi), &s.v8[t * d + i]);
   }
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < d; ++i) s.v8[t * d + i] = round_symmetric(s.v[t * d + i], s.v_scale[i]);
 }
 
 // scores rows -> p8 rows (round(255 exp(s - max)), 0 past n) and their sums.
 void softmax_8bit(HeadScratch& s) {
-  alignas(32) float e[8];
+  const __m256 full = _mm256_set1_ps(255.f);
   for (int64_t i = 0; i < s.n; ++i) {
     float* row = &s.scores[i * s.keys];
-    const float top = *std::max_element(row, row + s.n);
     for (int64_t t = s.n; t < s.keys; ++t) row[t] = -INFINITY;
-    uint8_t* p = &s.p8[i * s.keys4];
-    int32_t total = 0;
-    const __m256 topv = _mm256_set1_ps(top), full = _mm256_set1_ps(255.f);
+    __m256 most = _mm256_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < s.keys; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(row + t));
+    const __m256 top = _mm256_set1_ps(hmax8(most));
+    uint8_t* p = &s.p8[i * s.keys];
+    __m256i total = _mm256_setzero_si256();
     for (int64_t t = 0; t < s.keys; t += 8) {
-      const __m256 w = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), topv)), full);
-      _mm256_store_ps(e, _mm256_round_ps(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      for (int64_t j = 0; j < 8 && t + j < s.keys4; ++j) {
-        const int32_t v = t + j < s.n ? static_cast<int32_t>(e[j]) : 0;
-        p[t + j] = static_cast<uint8_t>(v);
-        total += v;
-      }
+      const __m256 w = _mm256_mul_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(row + t), top)), full);
+      const __m256i v = _mm256_cvtps_epi32(w);  // nearest even; <= 255, exactly 255 at the max
+      total = _mm256_add_epi32(total, v);
+      store8_u8(v, p + t);
     }
-    s.p_sum[i] = total;
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
+    s.p_sum[i] = std::accumulate(lanes, lanes + 8, 0);
   }
 }
 
@@ -144,7 +191,7 @@ void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stri
   for (int64_t r = 0; r < n; ++r) {
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t t = 0; t < n; ++t) {
-      const float p = s.p8[r * s.keys4 + t];
+      const float p = s.p8[r * s.keys + t];
       for (int64_t i = 0; i < d; ++i) acc[i] += p * s.v8[t * d + i];
     }
     const float inv = 1.f / static_cast<float>(s.p_sum[r]);
@@ -193,8 +240,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
   for (int64_t r = 0; r < n; ++r) {
     __m512i acc[kMaxBlocks];
     for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm512_setzero_si512();
-    const uint8_t* p = &s.p8[r * s.keys4];
-    for (int64_t g = 0; g < s.keys4 / 4; ++g) {
+    const uint8_t* p = &s.p8[r * s.keys];
+    for (int64_t g = 0; g < s.keys / 4; ++g) {
       int32_t four;
       std::memcpy(&four, p + 4 * g, 4);
       const __m512i pv = _mm512_set1_epi32(four);
@@ -218,8 +265,8 @@ void dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens, int64_t
                         float eps, const float* cos, const float* sin, const float* value_mask,
                         float* out) {
   check(rot % 2 == 0 && rot <= d, "dit_attention: rotary channels must be even and <= head dim");
-  check(d % 4 == 0 && d <= 512 && tokens <= 512,
-        "dit_attention: head dim must be a multiple of 4, head dim and tokens at most 512");
+  check(d % 8 == 0 && d <= 512 && tokens <= 512,
+        "dit_attention: head dim must be a multiple of 8, head dim and tokens at most 512");
   const int64_t width = heads * d;
   const bool vnni = dit_attention_uses_vnni(d);
   const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));

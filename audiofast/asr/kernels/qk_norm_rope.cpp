@@ -8,17 +8,38 @@
 #include <vector>
 
 #include "array.h"
+#include "avx2.h"
 #include "pool.h"
 
 namespace audiofast {
 
 void norm_rotate(const float* src, const float* gain, int64_t d, int64_t rot, float eps,
                  const float* cos, const float* sin, float* scratch, float* dst) {
+  const int64_t half = rot / 2;
+  if (d % 8 == 0 && half % 8 == 0) {  // the DiT's heads (32 wide, 16 rotated): 8 lanes
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m256 x = _mm256_loadu_ps(src + i);
+      acc = _mm256_fmadd_ps(x, x, acc);
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(sum8(acc) / static_cast<float>(d) + eps));
+    for (int64_t i = 0; i < d; i += 8)
+      _mm256_storeu_ps(scratch + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + i), inv),
+                                                  _mm256_loadu_ps(gain + i)));
+    for (int64_t i = 0; i < half; i += 8) {
+      const __m256 a = _mm256_loadu_ps(scratch + i), b = _mm256_loadu_ps(scratch + i + half);
+      const __m256 c0 = _mm256_loadu_ps(cos + i), s0 = _mm256_loadu_ps(sin + i);
+      const __m256 c1 = _mm256_loadu_ps(cos + i + half), s1 = _mm256_loadu_ps(sin + i + half);
+      _mm256_storeu_ps(dst + i, _mm256_fmsub_ps(a, c0, _mm256_mul_ps(b, s0)));
+      _mm256_storeu_ps(dst + i + half, _mm256_fmadd_ps(b, c1, _mm256_mul_ps(a, s1)));
+    }
+    for (int64_t i = rot; i < d; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(scratch + i));
+    return;
+  }
   float sum = 0.f;
   for (int64_t i = 0; i < d; ++i) sum += src[i] * src[i];
   const float inv = 1.f / std::sqrt(sum / static_cast<float>(d) + eps);
   for (int64_t i = 0; i < d; ++i) scratch[i] = src[i] * inv * gain[i];
-  const int64_t half = rot / 2;
   for (int64_t i = 0; i < half; ++i)
     dst[i] = scratch[i] * cos[i] - scratch[i + half] * sin[i];
   for (int64_t i = half; i < rot; ++i)

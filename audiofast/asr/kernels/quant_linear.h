@@ -70,6 +70,12 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& q, const RowSc
 void modulated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t tokens,
                       const float* mult, const float* shift, float eps, float* y);
 
+// The SA3 DiT's gated residual linears (gated_linear.cpp): y = residual + L(a) * gate[b] with
+// a = x (rows x in) or, glu, a = x[:, :in] * silu(x[:, in:]) (x rows 2 x in wide); b = row /
+// tokens; residual null: y = L(a). L.out a multiple of 8.
+void gated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t tokens, bool glu,
+                  const float* residual, const float* gate, float* y);
+
 // The int4 path (int4_linear.cpp), given every row already quantized (q: rows x in).
 void linear_int4(const QuantLinear& L, const uint8_t* q, const RowScale* rs, int64_t rows,
                  float* y);
