@@ -72,6 +72,37 @@ def test_kernel_is_the_pytorch_arithmetic(head_dim: int) -> None:
     assert 1e-3 < err < 0.04, err
 
 
+@pytest.mark.parametrize("context", [17, 40])  # the proving ground's 17 caption tokens
+def test_cross_attention_kernel_is_the_pytorch_arithmetic(context: int) -> None:
+    gen = torch.Generator().manual_seed(7)
+    attn = Attention(HEADS * 32, 32, context_dim=HEADS * 32)
+    with torch.no_grad():
+        attn.q_norm.gamma.uniform_(0.5, 2.0, generator=gen)
+        attn.k_norm.gamma.uniform_(0.5, 2.0, generator=gen)
+    q = torch.randn(2, TOKENS, HEADS * 32, generator=gen) * 2
+    kv = torch.randn(2, context, 2 * HEADS * 32, generator=gen) * 2
+    rows = kernels.dit_cross_attention_int8(q.reshape(-1, q.shape[-1]).numpy(),
+                                            kv.reshape(-1, kv.shape[-1]).numpy(), 2, HEADS,
+                                            attn.q_norm.gamma.detach().numpy(),
+                                            attn.k_norm.gamma.detach().numpy(), attn.q_norm.eps)
+    with torch.no_grad():
+        k, v = kv.chunk(2, -1)
+        qh, kh, vh = attn._heads(q), attn._heads(k), attn._heads(v)
+        qh, kh = attn.q_norm(qh), attn.k_norm(kh)
+        reference = _rows(int8_attention(qh, kh, vh))
+        exact = _rows(F.scaled_dot_product_attention(qh, kh, vh))
+    fused = torch.from_numpy(rows).reshape(2, TOKENS, -1)
+    # a rare step in an 8-bit weight moves an output by up to max|v| / sum(p8) (<= 1/255)
+    assert (fused - reference).abs().max() <= 4e-3 * exact.abs().max()
+    assert (fused - reference).abs().mean() <= 1e-5 * exact.abs().max()
+    assert 1e-3 < (reference - exact).norm() / exact.norm() < 0.04
+    with pytest.raises(ValueError, match=r"kv \(batch x context, 2 x heads x d\)"):
+        kernels.dit_cross_attention_int8(q.reshape(-1, q.shape[-1]).numpy(),
+                                         kv[..., :32].reshape(-1, 32).numpy(), 2, HEADS,
+                                         attn.q_norm.gamma.detach().numpy(),
+                                         attn.k_norm.gamma.detach().numpy(), 1e-6)
+
+
 def test_value_mask_zeroes_padded_values() -> None:
     attn, qkv, rope = _case(32)
     mask = torch.ones(3, TOKENS)
@@ -145,4 +176,4 @@ def test_int8_checkpoints_say_whether_attention_is_8_bit(tmp_path) -> None:
         (tmp_path / name / "model.safetensors").symlink_to(shipped / "model.safetensors")
     assert not uses_int8_attention(load_checkpoint(tmp_path / "before").dit)
     blocks = load_checkpoint(tmp_path / "after").dit.transformer.layers
-    assert all(b.self_attn.int8 and not b.cross_attn.int8 for b in blocks)
+    assert all(b.self_attn.int8 and b.cross_attn.int8 for b in blocks)

@@ -1,5 +1,5 @@
-"""Self-attention in 8 bits: what the int8 kernel runs (``kernels.dit_attention_int8``) and what
-QAD trains against.
+"""Attention in 8 bits: what the int8 kernels run (``kernels.dit_attention_int8``, ``kernels.
+dit_cross_attention_int8``) and what QAD trains against.
 
 After the q/k norms and rotary positions, per head:
 
@@ -26,8 +26,8 @@ from audiofast.diffusion.qad import fake_quant_activation
 QMAX_KV = 127
 QMAX_WEIGHTS = 255
 
-ATTENTION_RECORD = ("self-attention: 8-bit queries per row, int8 keys per row, int8 values per "
-                    "channel, 8-bit softmax weights")
+ATTENTION_RECORD = ("self- and cross-attention: 8-bit queries per row, int8 keys per row, int8 "
+                    "values per channel, 8-bit softmax weights")
 
 
 def _symmetric(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -50,11 +50,11 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def set_int8_attention_(dit: nn.Module, on: bool = True) -> nn.Module:
-    """Run (or stop running) every self-attention of ``dit`` in 8 bits (in place)."""
+    """Run (or stop running) every attention of ``dit`` in 8 bits (in place)."""
     from audiofast.diffusion.attention import Attention
 
     for module in dit.modules():
-        if isinstance(module, Attention) and not module.cross:
+        if isinstance(module, Attention):
             module.int8 = on
     return dit
 

@@ -97,6 +97,27 @@ def self_attention(attn: Attention, x: torch.Tensor, qkv: torch.Tensor, rope: to
     return attn.to_out(rows)
 
 
+def cross_attention(attn: Attention, x: torch.Tensor, context: torch.Tensor,
+                    q: torch.Tensor) -> torch.Tensor:
+    """``x + attn(x, context=context, projected=q)``; in 8 bits (``attn.int8``) the norms and
+    attention are one kernel pass (``kernels.dit_cross_attention_int8``) and the residual is
+    ``to_out``'s epilogue."""
+    norm = getattr(attn, "q_norm", None)
+    if (not attn.int8 or not FusedInt8Block.runs_fused(attn.to_kv, context)
+            or attn.differential or not isinstance(norm, RMSNorm)):
+        return x + attn(x, context=context, projected=q)
+    from audiofast.asr import kernels
+
+    b, n, d = x.shape
+    kv = attn.to_kv(context)
+    rows = kernels.dit_cross_attention_int8(
+        q.detach().reshape(b * n, -1).numpy(), kv.detach().reshape(-1, kv.shape[-1]).numpy(), b,
+        attn.heads, norm.gamma.detach().float().numpy(),
+        attn.k_norm.gamma.detach().float().numpy(), norm.eps)
+    return gated_residual(attn.to_out, torch.from_numpy(rows).reshape(b, n, d), x,
+                          x.new_ones(b, 1, d))
+
+
 def gated_residual(linear: torch.nn.Module, a: torch.Tensor, x: torch.Tensor,
                    gate: torch.Tensor, glu: bool = False) -> torch.Tensor:
     """``x + linear(a') * gate`` with ``a' = a`` or (``glu``) ``value * silu(gate_half)`` of
@@ -146,7 +167,7 @@ class FusedInt8Block(DiTBlock):
         else:
             x = gated_residual(self.self_attn.to_out, rows, x, torch.sigmoid(1 - gate_sa))
         q = modulated_linear(self.cross_attn.to_q, x, self.cross_attend_norm)
-        x = x + self.cross_attn(x, context=context, projected=q)
+        x = cross_attention(self.cross_attn, x, context, q)
         if local_cond is not None and hasattr(self, "to_local_embed"):
             local = self.to_local_embed(local_cond)
             x = x + F.pad(local, (0, 0, x.shape[1] - local.shape[1], 0))

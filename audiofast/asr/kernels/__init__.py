@@ -144,6 +144,8 @@ def _load(path: Path) -> ctypes.CDLL:
                                            ctypes.c_float, ptr, ptr, ptr, ptr, ptr]
     lib.audiofast_dit_attention_int8.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,
                                                  ctypes.c_float, ptr, ptr, ptr, ptr]
+    lib.audiofast_dit_cross_attention_int8.argtypes = [ptr, ptr, i64, i64, i64, i64, i64, ptr,
+                                                       ptr, ctypes.c_float, ptr]
     lib.audiofast_dit_attention_uses_vnni.argtypes = [i64]
     lib.audiofast_gelu.argtypes = [ptr, i64]
     lib.audiofast_encoder_forward.argtypes = [ptr, i64, i64, i64, arr, i64]
@@ -319,6 +321,28 @@ def dit_attention_int8(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndar
         qkv.ctypes.data, batch, tokens, heads, d, cos.shape[1], gains[0].ctypes.data,
         gains[1].ctypes.data, eps, cos.ctypes.data, sin.ctypes.data,
         None if mask is None else mask.ctypes.data, out.ctypes.data))
+    return out
+
+
+def dit_cross_attention_int8(q: np.ndarray, kv: np.ndarray, batch: int, heads: int,
+                             q_gain: np.ndarray, k_gain: np.ndarray, eps: float) -> np.ndarray:
+    """The DiT's cross-attention in 8 bits: q rows ``(batch x tokens, heads x d)`` over kv
+    rows ``(batch x context, 2 x heads x d)`` -> ``(batch x tokens, heads x d)``, q and k
+    RMS-normed per head (as :func:`dit_attention_int8`, without positions or mask)."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    kv = np.ascontiguousarray(kv, dtype=np.float32)
+    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
+    if (q.ndim != 2 or kv.ndim != 2 or batch <= 0 or q.shape[0] % batch or kv.shape[0] % batch
+            or q.shape[1] % heads or kv.shape[1] != 2 * q.shape[1]):
+        raise ValueError("dit_cross_attention_int8: q must be (batch x tokens, heads x d), kv "
+                         "(batch x context, 2 x heads x d)")
+    d = q.shape[1] // heads
+    if any(g.shape != (d,) for g in gains):
+        raise ValueError("dit_cross_attention_int8: gains must be (head_dim,)")
+    out = np.empty_like(q)
+    _check(_library().audiofast_dit_cross_attention_int8(
+        q.ctypes.data, kv.ctypes.data, batch, q.shape[0] // batch, kv.shape[0] // batch, heads,
+        d, gains[0].ctypes.data, gains[1].ctypes.data, eps, out.ctypes.data))
     return out
 
 

@@ -146,6 +146,17 @@ int audiofast_dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens
   });
 }
 
+// The DiT's cross-attention in 8 bits from its q and kv rows (dit_attention.h).
+int audiofast_dit_cross_attention_int8(const float* q, const float* kv, int64_t batch,
+                                       int64_t tokens, int64_t context, int64_t heads, int64_t d,
+                                       const float* q_gain, const float* k_gain, float eps,
+                                       float* out) {
+  return guarded([&] {
+    audiofast::dit_cross_attention_int8(q, kv, batch, tokens, context, heads, d, q_gain, k_gain,
+                                        eps, out);
+  });
+}
+
 int audiofast_dit_attention_uses_vnni(int64_t d) {
   return audiofast::dit_attention_uses_vnni(d) ? 1 : 0;
 }

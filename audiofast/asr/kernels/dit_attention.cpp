@@ -37,26 +37,26 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // One (sample, head)'s operands and scores; reused by a thread across the heads it takes.
 struct HeadScratch {
-  int64_t n, d, keys;  // tokens, head dim, keys padded to whole tiles
-  std::vector<float> q, k, v, tmp;     // float rows after norm + rope (n x d)
-  std::vector<uint8_t> q8;             // n x d, with q_zero
-  std::vector<float> q_scale;          // n
-  std::vector<int32_t> q_zero;         // n
-  std::vector<int8_t> k8;              // n x d
-  std::vector<float> k_scale;          // keys (0 past n)
+  int64_t nq, nk, d, keys;  // queries, keys, head dim, keys padded to whole tiles
+  std::vector<float> q, k, v, tmp;     // float rows after norm + rope (nq / nk x d)
+  std::vector<uint8_t> q8;             // nq x d, with q_zero
+  std::vector<float> q_scale;          // nq
+  std::vector<int32_t> q_zero;         // nq
+  std::vector<int8_t> k8;              // nk x d
+  std::vector<float> k_scale;          // keys (0 past nk)
   std::vector<int32_t> k_sum;          // keys
-  std::vector<int8_t> v8;              // n x d
+  std::vector<int8_t> v8;              // nk x d
   std::vector<float> v_scale;          // d
-  std::vector<float> scores;           // n x keys
-  std::vector<uint8_t> p8;             // n x keys (0 past n)
-  std::vector<int32_t> p_sum;          // n
+  std::vector<float> scores;           // nq x keys
+  std::vector<uint8_t> p8;             // nq x keys (0 past nk)
+  std::vector<int32_t> p_sum;          // nq
   std::vector<int8_t> k_tiles, v_tiles;  // VNNI layouts
 
-  HeadScratch(int64_t n_, int64_t d_)
-      : n(n_), d(d_), keys(round_up(n_, kTile)), q(n * d), k(n * d), v(n * d), tmp(d),
-        q8(n * d), q_scale(n), q_zero(n), k8(n * d), k_scale(keys), k_sum(keys), v8(n * d),
-        v_scale(d), scores(n * keys), p8(n * keys), p_sum(n), k_tiles(keys * d),
-        v_tiles(keys * d) {}
+  HeadScratch(int64_t nq_, int64_t nk_, int64_t d_)
+      : nq(nq_), nk(nk_), d(d_), keys(round_up(nk_, kTile)), q(nq * d), k(nk * d), v(nk * d),
+        tmp(d), q8(nq * d), q_scale(nq), q_zero(nq), k8(nk * d), k_scale(keys), k_sum(keys),
+        v8(nk * d), v_scale(d), scores(nq * keys), p8(nq * keys), p_sum(nq),
+        k_tiles(keys * d), v_tiles(keys * d) {}
 };
 
 // 8 lanes of int32 -> 8 bytes (saturating: the values are already in range).
@@ -93,12 +93,12 @@ float symmetric_scale(float amax) { return amax > 0.f ? amax / 127.f : 1.f; }
 // The head's q (8 bits over [min(0, q), max(0, q)] per row: qad.fake_quant_activation's
 // arithmetic), k (symmetric per row) and v (symmetric per channel); d a multiple of 8.
 void quantize_head(HeadScratch& s) {
-  const int64_t n = s.n, d = s.d;
+  const int64_t d = s.d;
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i zero_i = _mm256_setzero_si256(), q_hi = _mm256_set1_epi32(255);
   const __m256i k_lo = _mm256_set1_epi32(-127), k_hi = _mm256_set1_epi32(127);
   alignas(32) int32_t lanes[8];
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < s.nq; ++t) {
     const float* q = &s.q[t * d];
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
@@ -118,6 +118,8 @@ void quantize_head(HeadScratch& s) {
     }
     s.q_scale[t] = scale;
     s.q_zero[t] = zero;
+  }
+  for (int64_t t = 0; t < s.nk; ++t) {
     const float* k = &s.k[t * d];
     __m256 amax = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8)
@@ -134,17 +136,17 @@ void quantize_head(HeadScratch& s) {
     s.k_scale[t] = ks;
     s.k_sum[t] = std::accumulate(lanes, lanes + 8, 0);
   }
-  std::fill(s.k_scale.begin() + n, s.k_scale.end(), 0.f);
-  std::fill(s.k_sum.begin() + n, s.k_sum.end(), 0);
+  std::fill(s.k_scale.begin() + s.nk, s.k_scale.end(), 0.f);
+  std::fill(s.k_sum.begin() + s.nk, s.k_sum.end(), 0);
   for (int64_t i = 0; i < d; i += 8) {
     __m256 amax = _mm256_setzero_ps();
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; t < s.nk; ++t)
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(&s.v[t * d + i])));
     alignas(32) float am[8];
     _mm256_store_ps(am, amax);
     for (int64_t j = 0; j < 8; ++j) s.v_scale[i + j] = symmetric_scale(am[j]);
     const __m256 vs = _mm256_loadu_ps(&s.v_scale[i]);
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; t < s.nk; ++t)
       store8_i8(round_div(_mm256_loadu_ps(&s.v[t * d + i]), vs, k_lo, k_hi), &s.v8[t * d + i]);
   }
 }
@@ -152,9 +154,9 @@ void quantize_head(HeadScratch& s) {
 // scores rows -> p8 rows (round(255 exp(s - max)), 0 past n) and their sums.
 void softmax_8bit(HeadScratch& s) {
   const __m256 full = _mm256_set1_ps(255.f);
-  for (int64_t i = 0; i < s.n; ++i) {
+  for (int64_t i = 0; i < s.nq; ++i) {
     float* row = &s.scores[i * s.keys];
-    for (int64_t t = s.n; t < s.keys; ++t) row[t] = -INFINITY;
+    for (int64_t t = s.nk; t < s.keys; ++t) row[t] = -INFINITY;
     __m256 most = _mm256_set1_ps(-INFINITY);
     for (int64_t t = 0; t < s.keys; t += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(row + t));
     const __m256 top = _mm256_set1_ps(hmax8(most));
@@ -174,23 +176,23 @@ void softmax_8bit(HeadScratch& s) {
 
 // Scores and weighted values with the integers summed as floats (any CPU).
 void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
-  const int64_t n = s.n, d = s.d;
+  const int64_t d = s.d;
   std::vector<float> kt(d * s.keys, 0.f), qf(d), acc(d);
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < s.nk; ++t)
     for (int64_t i = 0; i < d; ++i) kt[i * s.keys + t] = s.k8[t * d + i];
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t r = 0; r < s.nq; ++r) {
     for (int64_t i = 0; i < d; ++i) qf[i] = static_cast<float>(s.q8[r * d + i] - s.q_zero[r]);
     float* row = &s.scores[r * s.keys];
     std::fill(row, row + s.keys, 0.f);
     for (int64_t i = 0; i < d; ++i)
       for (int64_t t = 0; t < s.keys; ++t) row[t] += qf[i] * kt[i * s.keys + t];
     const float qs = s.q_scale[r] * inv_sqrt_d;
-    for (int64_t t = 0; t < n; ++t) row[t] *= qs * s.k_scale[t];
+    for (int64_t t = 0; t < s.nk; ++t) row[t] *= qs * s.k_scale[t];
   }
   softmax_8bit(s);
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t r = 0; r < s.nq; ++r) {
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t t = 0; t < n; ++t) {
+    for (int64_t t = 0; t < s.nk; ++t) {
       const float p = s.p8[r * s.keys + t];
       for (int64_t i = 0; i < d; ++i) acc[i] += p * s.v8[t * d + i];
     }
@@ -203,9 +205,9 @@ void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stri
 // blocks of 16 channels x 4 tokens.
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
     HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
-  const int64_t n = s.n, d = s.d, groups = d / 4;
+  const int64_t d = s.d, groups = d / 4;
   std::fill(s.k_tiles.begin(), s.k_tiles.end(), int8_t{0});
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < s.nk; ++t)
     for (int64_t i = 0; i < d; ++i)
       s.k_tiles[(t / kTile) * kTile * d + (i / 4) * kTile * 4 + (t % kTile) * 4 + i % 4] =
           s.k8[t * d + i];
@@ -214,7 +216,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
     const __m512 kscale = _mm512_mul_ps(_mm512_loadu_ps(&s.k_scale[t0]),
                                         _mm512_set1_ps(inv_sqrt_d));
     const __m512i ksum = _mm512_loadu_si512(&s.k_sum[t0]);
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = 0; r < s.nq; ++r) {
       __m512i acc = _mm512_setzero_si512();
       const uint8_t* q = &s.q8[r * d];
       for (int64_t g = 0; g < groups; ++g) {
@@ -232,12 +234,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
   softmax_8bit(s);
   std::fill(s.v_tiles.begin(), s.v_tiles.end(), int8_t{0});
   const int64_t blocks = d / kTile;
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < s.nk; ++t)
     for (int64_t i = 0; i < d; ++i)
       s.v_tiles[((t / 4) * blocks + i / kTile) * kTile * 4 + (i % kTile) * 4 + t % 4] =
           s.v8[t * d + i];
   constexpr int64_t kMaxBlocks = 8;  // heads up to 128 wide on this path
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t r = 0; r < s.nq; ++r) {
     __m512i acc[kMaxBlocks];
     for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm512_setzero_si512();
     const uint8_t* p = &s.p8[r * s.keys];
@@ -256,6 +258,49 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
   }
 }
 
+// Rows of one operand: sample b's token t starts at base + (b * tokens + t) * stride.
+struct Rows {
+  const float* base;
+  int64_t stride, tokens;
+  const float* at(int64_t b, int64_t t) const { return base + (b * tokens + t) * stride; }
+};
+
+// Attention of q rows over k, v rows, every (sample, head) alone: the q / k norms and rotary
+// positions (rot 0: none), v times value_mask (b x nk, may be null), 8-bit operands.
+void attention_int8(Rows q, Rows k, Rows v, int64_t batch, int64_t heads, int64_t d,
+                    int64_t rot, const float* q_gain, const float* k_gain, float eps,
+                    const float* cos, const float* sin, const float* value_mask, float* out) {
+  check(rot % 2 == 0 && rot <= d, "dit_attention: rotary channels must be even and <= head dim");
+  check(d % 8 == 0 && d <= 512 && q.tokens <= 512 && k.tokens <= 512,
+        "dit_attention: head dim must be a multiple of 8, head dim and tokens at most 512");
+  const int64_t width = heads * d;
+  const bool vnni = dit_attention_uses_vnni(d);
+  const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
+  const float none = 0.f;  // cos / sin when nothing rotates (rot 0 reads none of it)
+  parallel_for(batch * heads, [&](int64_t w0, int64_t w1) {
+    HeadScratch s(q.tokens, k.tokens, d);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / heads, h = w % heads;
+      for (int64_t t = 0; t < s.nq; ++t)
+        norm_rotate(q.at(b, t) + h * d, q_gain, d, rot, eps, rot ? cos + t * rot : &none,
+                    rot ? sin + t * rot : &none, s.tmp.data(), &s.q[t * d]);
+      for (int64_t t = 0; t < s.nk; ++t) {
+        norm_rotate(k.at(b, t) + h * d, k_gain, d, rot, eps, rot ? cos + t * rot : &none,
+                    rot ? sin + t * rot : &none, s.tmp.data(), &s.k[t * d]);
+        const float m = value_mask ? value_mask[b * s.nk + t] : 1.f;
+        const float* src = v.at(b, t) + h * d;
+        for (int64_t i = 0; i < d; ++i) s.v[t * d + i] = src[i] * m;
+      }
+      quantize_head(s);
+      float* dst = out + b * s.nq * width + h * d;
+      if (vnni)
+        attend_vnni(s, inv_sqrt_d, dst, width);
+      else
+        attend_float(s, inv_sqrt_d, dst, width);
+    }
+  });
+}
+
 }  // namespace
 
 bool dit_attention_uses_vnni(int64_t d) { return use_vnni() && d % kTile == 0 && d <= 128; }
@@ -264,33 +309,18 @@ void dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens, int64_t
                         int64_t d, int64_t rot, const float* q_gain, const float* k_gain,
                         float eps, const float* cos, const float* sin, const float* value_mask,
                         float* out) {
-  check(rot % 2 == 0 && rot <= d, "dit_attention: rotary channels must be even and <= head dim");
-  check(d % 8 == 0 && d <= 512 && tokens <= 512,
-        "dit_attention: head dim must be a multiple of 8, head dim and tokens at most 512");
   const int64_t width = heads * d;
-  const bool vnni = dit_attention_uses_vnni(d);
-  const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
-  parallel_for(batch * heads, [&](int64_t w0, int64_t w1) {
-    HeadScratch s(tokens, d);
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / heads, h = w % heads;
-      for (int64_t t = 0; t < tokens; ++t) {
-        const float* row = qkv + (b * tokens + t) * 3 * width;
-        norm_rotate(row + h * d, q_gain, d, rot, eps, cos + t * rot, sin + t * rot,
-                    s.tmp.data(), &s.q[t * d]);
-        norm_rotate(row + width + h * d, k_gain, d, rot, eps, cos + t * rot, sin + t * rot,
-                    s.tmp.data(), &s.k[t * d]);
-        const float m = value_mask ? value_mask[b * tokens + t] : 1.f;
-        for (int64_t i = 0; i < d; ++i) s.v[t * d + i] = row[2 * width + h * d + i] * m;
-      }
-      quantize_head(s);
-      float* dst = out + b * tokens * width + h * d;
-      if (vnni)
-        attend_vnni(s, inv_sqrt_d, dst, width);
-      else
-        attend_float(s, inv_sqrt_d, dst, width);
-    }
-  });
+  attention_int8({qkv, 3 * width, tokens}, {qkv + width, 3 * width, tokens},
+                 {qkv + 2 * width, 3 * width, tokens}, batch, heads, d, rot, q_gain, k_gain, eps,
+                 cos, sin, value_mask, out);
+}
+
+void dit_cross_attention_int8(const float* q, const float* kv, int64_t batch, int64_t tokens,
+                              int64_t context, int64_t heads, int64_t d, const float* q_gain,
+                              const float* k_gain, float eps, float* out) {
+  const int64_t width = heads * d;
+  attention_int8({q, width, tokens}, {kv, 2 * width, context}, {kv + width, 2 * width, context},
+                 batch, heads, d, 0, q_gain, k_gain, eps, nullptr, nullptr, nullptr, out);
 }
 
 }  // namespace audiofast

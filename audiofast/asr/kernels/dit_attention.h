@@ -14,6 +14,13 @@ void dit_attention_int8(const float* qkv, int64_t batch, int64_t tokens, int64_t
                         float eps, const float* cos, const float* sin, const float* value_mask,
                         float* out);
 
+// Cross-attention in 8 bits: q rows (batch x tokens, heads x d) over kv rows (batch x context,
+// 2 x heads x d) -> out (batch x tokens, heads x d); q and k RMS-normed per head, no positions,
+// no mask (SA3 does not mask cross-attention).
+void dit_cross_attention_int8(const float* q, const float* kv, int64_t batch, int64_t tokens,
+                              int64_t context, int64_t heads, int64_t d, const float* q_gain,
+                              const float* k_gain, float eps, float* out);
+
 // Whether heads of width d take the VNNI path (the CPU has it and d is a multiple of 16).
 bool dit_attention_uses_vnni(int64_t d);
 
