@@ -14,6 +14,7 @@ import torch
 from audiofast.diffusion.distill import root_baseline
 from audiofast.diffusion.generate import generate, load_for_generation
 from audiofast.diffusion.int8 import Int8Linear
+from audiofast.diffusion.int8_attention import uses_int8_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDENTS = ROOT / "evals" / "students"
@@ -29,6 +30,7 @@ def test_shipped_student_samples_itself(name: str, stage: str, steps: int, int8:
     student = model.config.student
     assert (student.stage, student.sampler.steps, student.guidance.scale) == (stage, steps, 5.0)
     assert any(isinstance(m, Int8Linear) for m in model.dit.modules()) is int8
+    assert uses_int8_attention(model.dit) is int8  # QAD trained it with 8-bit attention
     rows = []
     model.dit.register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[0]))
     audio = generate(model, ["a soft organ playing a C4 note"], 1.0, seed=0, progress=False)
