@@ -94,3 +94,17 @@ def test_steps_stage_trains_at_given_times(teacher_dir: Path, tmp_path: Path) ->
     assert stage.student_config.sampler.times == (1.0, 0.9, 0.35, 0.0)
     loss, _ = stage.step(0, torch.Generator().manual_seed(0))
     assert torch.isfinite(loss) and loss.item() > 0
+
+
+def test_cli_times_of_the_wrong_length_are_one_line() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "audiofast.cli", "distill", "--stage", "steps",
+                           "--model", "evals/students/cfg5", "--times", "1", "0.5", "0"],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        "audiofast: error: options.sampler.times=[1.0, 0.5, 0.0]: need 5 times decreasing "
+        "from 1.0 to 0.0"]
