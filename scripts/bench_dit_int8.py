@@ -52,18 +52,16 @@ def unfused(dit: torch.nn.Module) -> torch.nn.Module:
 
 
 class NormsOnly(torch.nn.Module):
-    """The fused int8 DiT with self-attention's q/k norms and RoPE left in PyTorch (the
-    fused block before ``kernels.qk_norm_rope``), to show that kernel's share."""
+    """The fused int8 DiT with self-attention wholly in PyTorch (q/k norms, RoPE, SDPA and
+    its residual: the fused block before ``kernels.qk_norm_rope``), to show the attention
+    kernels' share."""
 
     def __init__(self, dit: torch.nn.Module):
         super().__init__()
         self.dit = dit
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
-        def plain(attn, x, qkv, rope, padding_mask):
-            return attn(x, rope=rope, padding_mask=padding_mask, projected=qkv)
-
-        with mock.patch.object(int8_block, "self_attention", plain):
+        with mock.patch.object(int8_block, "attention_rows", lambda *_: None):
             return self.dit(*args, **kwargs)
 
 
