@@ -6,8 +6,8 @@
 Float tensors are stored as fp16, as ``evals/teacher`` is (the loader casts back), except int8
 weights and their per-row ``*_scale`` (kept exact: the int8 student's numerics are its scales).
 The ``audiofast.parent`` entry is rewritten to the shipped parent, so the chain up to the teacher
-(``root_baseline``, the stage gates) resolves inside the repository. The student's gate report,
-if any, is copied along.
+(``root_baseline``, the stage gates) resolves inside the repository. The student's stage record,
+time-search record and gate report, if any, are copied along.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def ship(source: Path, target: Path, parent: str) -> Path:
     config = json.loads((source / CONFIG_NAME).read_text(encoding="utf-8"))
     config["audiofast"]["parent"] = parent
     (target / CONFIG_NAME).write_text(json.dumps(config, indent=2), encoding="utf-8")
-    for extra in ("stage.json", "gate"):
+    for extra in ("stage.json", "time_search.json", "gate"):
         if (source / extra).is_file():
             shutil.copy2(source / extra, target / extra)
         elif (source / extra).is_dir():
