@@ -270,21 +270,29 @@ def gated_linear(x: np.ndarray, tokens: int, linear: Sequence[np.ndarray], glu: 
     return y
 
 
+def _heads_inputs(name: str, qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndarray,
+                  k_gain: np.ndarray, cos: np.ndarray, sin: np.ndarray):
+    """The self-attention kernels' inputs as contiguous float32, checked; plus the head dim."""
+    qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
+    cos = np.ascontiguousarray(cos, dtype=np.float32)
+    sin = np.ascontiguousarray(sin, dtype=np.float32)
+    if qkv.ndim != 2 or qkv.shape[1] % (3 * heads) or tokens <= 0 or qkv.shape[0] % tokens:
+        raise ValueError(f"{name}: qkv must be (batch x tokens, 3 x heads x head_dim)")
+    d = qkv.shape[1] // (3 * heads)
+    if any(g.shape != (d,) for g in gains) or cos.shape != sin.shape or cos.shape[0] != tokens:
+        raise ValueError(f"{name}: gains must be (head_dim,), cos and sin (tokens, rot)")
+    return qkv, gains, cos, sin, d
+
+
 def qk_norm_rope(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndarray,
                  k_gain: np.ndarray, eps: float, cos: np.ndarray, sin: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Self-attention heads ``q, k, v (batch, heads, tokens, d)`` from QKV rows ``(batch x
     tokens, 3 x heads x d)``: q and k RMS-normed per head with their gains, rotated on their
     first ``cos.shape[1]`` channels (``cos, sin (tokens, rot)``); v as it is."""
-    qkv = np.ascontiguousarray(qkv, dtype=np.float32)
-    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
-    cos = np.ascontiguousarray(cos, dtype=np.float32)
-    sin = np.ascontiguousarray(sin, dtype=np.float32)
-    if qkv.ndim != 2 or qkv.shape[1] % (3 * heads) or tokens <= 0 or qkv.shape[0] % tokens:
-        raise ValueError("qk_norm_rope: qkv must be (batch x tokens, 3 x heads x head_dim)")
-    d = qkv.shape[1] // (3 * heads)
-    if any(g.shape != (d,) for g in gains) or cos.shape != sin.shape or cos.shape[0] != tokens:
-        raise ValueError("qk_norm_rope: gains must be (head_dim,), cos and sin (tokens, rot)")
+    qkv, gains, cos, sin, d = _heads_inputs("qk_norm_rope", qkv, tokens, heads, q_gain, k_gain,
+                                            cos, sin)
     q, k, v = (np.empty((qkv.shape[0] // tokens, heads, tokens, d), np.float32)
                for _ in range(3))
     _check(_library().audiofast_qk_norm_rope(
@@ -301,16 +309,9 @@ def dit_attention_int8(qkv: np.ndarray, tokens: int, heads: int, q_gain: np.ndar
     tokens, 3 x heads x d)`` -> attention rows ``(batch x tokens, heads x d)`` before
     ``to_out``, the q/k norms and rotary positions as :func:`qk_norm_rope`, v times
     ``value_mask (batch, tokens)`` when given."""
-    qkv = np.ascontiguousarray(qkv, dtype=np.float32)
-    gains = [np.ascontiguousarray(g, dtype=np.float32) for g in (q_gain, k_gain)]
-    cos = np.ascontiguousarray(cos, dtype=np.float32)
-    sin = np.ascontiguousarray(sin, dtype=np.float32)
-    if qkv.ndim != 2 or qkv.shape[1] % (3 * heads) or tokens <= 0 or qkv.shape[0] % tokens:
-        raise ValueError("dit_attention_int8: qkv must be (batch x tokens, 3 x heads x head_dim)")
-    d, batch = qkv.shape[1] // (3 * heads), qkv.shape[0] // tokens
-    if any(g.shape != (d,) for g in gains) or cos.shape != sin.shape or cos.shape[0] != tokens:
-        raise ValueError("dit_attention_int8: gains must be (head_dim,), cos and sin (tokens, "
-                         "rot)")
+    qkv, gains, cos, sin, d = _heads_inputs("dit_attention_int8", qkv, tokens, heads, q_gain,
+                                            k_gain, cos, sin)
+    batch = qkv.shape[0] // tokens
     mask = None
     if value_mask is not None:
         mask = np.ascontiguousarray(value_mask, dtype=np.float32)
