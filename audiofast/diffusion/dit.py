@@ -182,7 +182,7 @@ class DiT(nn.Module):
         features_at: return block ``k``'s content-token states ``[B, T, dim]`` instead of
             ``v`` (an adversarial head's input, :mod:`audiofast.diffusion.adversarial`).
         """
-        dtype = self.preprocess_conv.weight.dtype
+        dtype = self.to_timestep_embed[0].weight.dtype  # io layers may hold int8 weights
         x = x.to(dtype)
         cross_attn_cond, global_cond = cross_attn_cond.to(dtype), global_cond.to(dtype)
         if local_cond is None and self.config.local_add_cond_dim is not None:

@@ -35,6 +35,8 @@ QUANTIZATION = {
     "activations": "per-token dynamic uint8 over [min(0, x), max(0, x)]",
     "modules": "transformer block linears + project_out",
     "attention": ATTENTION_RECORD,  # absent in older int8 checkpoints: float attention there
+    # absent in older int8 checkpoints: float io layers there
+    "io_layers": "project_in + the 1x1 pre/post convs, inputs zero-padded to 32",
 }
 
 
@@ -81,18 +83,27 @@ class Int8Linear(nn.Module):
             from audiofast.asr.int8_pack import pack_int8_weight
 
             bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
-            tensors = [pack_int8_weight(self.weight), self.weight_scale.float(),
+            # zero columns up to the kernel's multiple of 32: exact, as the activation range
+            # always holds 0 and zero inputs add nothing to the sums
+            weight = F.pad(self.weight, (0, self._padded_in() - self.in_features))
+            tensors = [pack_int8_weight(weight), self.weight_scale.float(),
                        self.weight.sum(1, dtype=torch.int32), bias.float()]
             self._packed = [np.ascontiguousarray(t.detach().numpy()) for t in tensors]
         return self._packed
 
+    def _padded_in(self) -> int:
+        return -(-self.in_features // 32) * 32
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.use_kernel and x.device.type == "cpu" and self.in_features % 32 == 0:
+        if self.use_kernel and x.device.type == "cpu":
             from audiofast.asr import kernels
 
             kernels.set_threads(torch.get_num_threads())  # the DiT lane runs on torch's count
-            rows = x.detach().reshape(-1, shape[-1]).float().numpy()
+            rows = x.detach().reshape(-1, shape[-1]).float()
+            if self._padded_in() != self.in_features:
+                rows = F.pad(rows, (0, self._padded_in() - self.in_features))
+            rows = rows.numpy()
             y = torch.from_numpy(kernels.quant_linear(rows, self.packed()))
             return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
         weight = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)[:, None]
@@ -103,19 +114,47 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, kernel={self.use_kernel}"
 
 
+class Int8Conv1x1(Int8Linear):
+    """A kernel-size-1 conv over ``[B, C, T]`` as an :class:`Int8Linear` over channels (the
+    checkpoint stores its weight ``[out, in]``, as a linear's)."""
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv1d, use_kernel: bool = True) -> Int8Conv1x1:
+        linear = nn.Linear(conv.in_channels, conv.out_channels, conv.bias is not None,
+                           device="meta")
+        linear.weight, linear.bias = nn.Parameter(conv.weight[:, :, 0]), conv.bias
+        new = cls.from_linear(linear, use_kernel)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+
+
+def _int8_module(old: nn.Module, use_kernel: bool, empty: bool = False) -> Int8Linear:
+    if isinstance(old, nn.Conv1d):
+        if empty:
+            return Int8Conv1x1(old.in_channels, old.out_channels, old.bias is not None,
+                               use_kernel)
+        return Int8Conv1x1.from_conv(old, use_kernel)
+    if empty:
+        return Int8Linear(old.in_features, old.out_features, old.bias is not None, use_kernel)
+    return Int8Linear.from_linear(old, use_kernel)
+
+
 def quantize_dit(dit: nn.Module, use_kernel: bool | None = None,
-                 attention: bool = True) -> nn.Module:
-    """Replace the DiT's int8-bound linears by :class:`Int8Linear` and (``attention``) run its
-    self-attention in 8 bits (in place; returns ``dit``). ``use_kernel`` None: the kernel where
-    it is built, else the PyTorch reference."""
+                 attention: bool = True, io: bool = True) -> nn.Module:
+    """Replace the DiT's int8-bound linears (``io``: and its io layers, qad.IO_LAYERS) by
+    :class:`Int8Linear` and (``attention``) run its self-attention in 8 bits (in place;
+    returns ``dit``). ``use_kernel`` None: the kernel where it is built, else the PyTorch
+    reference."""
     if use_kernel is None:
         use_kernel = kernel_available()
-    for name in quantized_linear_names(dit):
+    for name in quantized_linear_names(dit, io):
         old = dit.get_submodule(name)
         if isinstance(old, Int8Linear):
             old.use_kernel = use_kernel
         else:
-            replace_module(dit, name, Int8Linear.from_linear(old, use_kernel))
+            replace_module(dit, name, _int8_module(old, use_kernel))
     return _fuse(set_int8_attention_(dit, attention))
 
 
@@ -125,12 +164,10 @@ def _fuse(dit: nn.Module) -> nn.Module:
     return fuse_int8_blocks_(dit)
 
 
-def empty_int8_dit_(dit: nn.Module, attention: bool = False) -> nn.Module:
+def empty_int8_dit_(dit: nn.Module, attention: bool = False, io: bool = False) -> nn.Module:
     """Give a freshly built DiT the int8 layout a quantized checkpoint loads into
-    (``attention``: its record says the self-attention runs in 8 bits too)."""
+    (``attention``, ``io``: its record says the self-attention, the io layers, are int8 too)."""
     use_kernel = kernel_available()
-    for name in quantized_linear_names(dit):
-        old = dit.get_submodule(name)
-        replace_module(dit, name, Int8Linear(old.in_features, old.out_features,
-                                       old.bias is not None, use_kernel))
+    for name in quantized_linear_names(dit, io):
+        replace_module(dit, name, _int8_module(dit.get_submodule(name), use_kernel, empty=True))
     return _fuse(set_int8_attention_(dit, attention))

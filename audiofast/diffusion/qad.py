@@ -16,9 +16,11 @@ Self-attention runs in 8 bits too (queries, keys, values and softmax weights:
 :mod:`audiofast.diffusion.int8_attention`, the int8 kernel's arithmetic).
 
 Which linears: every projection inside the transformer blocks (self/cross-attention q, k, v,
-out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes) and the output
-projection. The input projection (``io_channels`` wide, 513 for the proving ground, not a
-multiple of 32 for the kernel) and the per-clip conditioning MLPs stay float.
+out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes), the input and
+output projections and the 1x1 pre/post convs around them (``io_channels`` wide: 513 on the
+proving ground, where they are an eighth of an int8 pass's time; the kernel pads their inputs
+to its multiple of 32). The per-clip conditioning MLPs stay float. Students quantized before
+the io layers joined (their record lacks ``io_layers``) keep those float.
 """
 
 from __future__ import annotations
@@ -68,11 +70,24 @@ class FakeQuantLinear(nn.Linear):
         return F.linear(fake_quant_activation(x), fake_quant_weight(self.weight), self.bias)
 
 
-def quantized_linear_names(dit: nn.Module) -> list[str]:
-    """The DiT's linears that run in int8 (see the module docstring), by qualified name."""
+class FakeQuantConv1x1(nn.Conv1d):
+    """A kernel-size-1 ``nn.Conv1d`` over ``[B, C, T]`` (same parameter names) as a W8A8 linear
+    over channels: each time step is one activation row, as :class:`FakeQuantLinear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = fake_quant_activation(x.transpose(1, 2))
+        return F.linear(rows, fake_quant_weight(self.weight[:, :, 0]), self.bias).transpose(1, 2)
+
+
+IO_LAYERS = ("preprocess_conv", "transformer.project_in", "postprocess_conv")
+
+
+def quantized_linear_names(dit: nn.Module, io: bool = True) -> list[str]:
+    """The DiT's linears that run in int8 (see the module docstring), by qualified name;
+    ``io``: also the input projection and the 1x1 pre/post convs (:data:`IO_LAYERS`)."""
     names = [n for n, m in dit.named_modules()
              if isinstance(m, nn.Linear) and n.startswith("transformer.layers.")]
-    return [*names, "transformer.project_out"]
+    return [*names, "transformer.project_out", *(IO_LAYERS if io else ())]
 
 
 def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
@@ -80,19 +95,23 @@ def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, child, new)
 
 
-def fake_quantize_(dit: nn.Module) -> nn.Module:
-    """Swap each int8-bound linear of ``dit`` for a :class:`FakeQuantLinear` sharing its
-    parameters and run its self-attention in 8 bits (:mod:`~audiofast.diffusion.
+def fake_quantize_(dit: nn.Module, io: bool = True) -> nn.Module:
+    """Swap each int8-bound linear (and, ``io``, 1x1 conv) of ``dit`` for a fake-quant one
+    sharing its parameters and run its self-attention in 8 bits (:mod:`~audiofast.diffusion.
     int8_attention`), in place; returns ``dit``."""
     from audiofast.diffusion.int8_attention import set_int8_attention_
 
     set_int8_attention_(dit)
-    for name in quantized_linear_names(dit):
+    for name in quantized_linear_names(dit, io):
         old = dit.get_submodule(name)
-        if isinstance(old, FakeQuantLinear):
+        if isinstance(old, FakeQuantLinear | FakeQuantConv1x1):
             continue
-        new = FakeQuantLinear(old.in_features, old.out_features, bias=old.bias is not None,
-                              device="meta")
+        if isinstance(old, nn.Conv1d):
+            new = FakeQuantConv1x1(old.in_channels, old.out_channels, 1,
+                                   bias=old.bias is not None, device="meta")
+        else:
+            new = FakeQuantLinear(old.in_features, old.out_features, bias=old.bias is not None,
+                                  device="meta")
         new.weight, new.bias = old.weight, old.bias
         replace_module(dit, name, new)
     return dit

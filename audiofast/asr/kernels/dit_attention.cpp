@@ -201,60 +201,91 @@ void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stri
   }
 }
 
+// Values as blocks of 16 channels x 4 tokens: tokens t0..t0+3 (rows, d apart; null past the
+// last token: zeros) interleaved byte by byte, 4 x 16 at a time.
+void interleave_values(const int8_t* v8, int64_t d, int64_t t0, int64_t nk, int8_t* dst) {
+  static const int8_t zeros[512] = {};
+  const int8_t* rows[4];
+  for (int j = 0; j < 4; ++j) rows[j] = t0 + j < nk ? v8 + (t0 + j) * d : zeros;
+  for (int64_t c = 0; c < d; c += kTile, dst += 4 * kTile) {
+    const auto load = [&](int j) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[j] + c));
+    };
+    const __m128i a = load(0), b = load(1), c2 = load(2), d2 = load(3);
+    const __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+    const __m128i cd_lo = _mm_unpacklo_epi8(c2, d2), cd_hi = _mm_unpackhi_epi8(c2, d2);
+    auto* out = reinterpret_cast<__m128i*>(dst);
+    _mm_storeu_si128(out, _mm_unpacklo_epi16(ab_lo, cd_lo));      // channels 0-3
+    _mm_storeu_si128(out + 1, _mm_unpackhi_epi16(ab_lo, cd_lo));  // 4-7
+    _mm_storeu_si128(out + 2, _mm_unpacklo_epi16(ab_hi, cd_hi));  // 8-11
+    _mm_storeu_si128(out + 3, _mm_unpackhi_epi16(ab_hi, cd_hi));  // 12-15
+  }
+}
+
 // The same with vpdpbusd (d a multiple of 16): keys as tiles of 16 keys x 4 dims, values as
-// blocks of 16 channels x 4 tokens.
+// blocks of 16 channels x 4 tokens. Four queries (two for the values) share each tile load
+// and keep four independent sums in flight (one dependent chain stalled on vpdpbusd's latency).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
     HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
   const int64_t d = s.d, groups = d / 4;
   std::fill(s.k_tiles.begin(), s.k_tiles.end(), int8_t{0});
   for (int64_t t = 0; t < s.nk; ++t)
-    for (int64_t i = 0; i < d; ++i)
-      s.k_tiles[(t / kTile) * kTile * d + (i / 4) * kTile * 4 + (t % kTile) * 4 + i % 4] =
-          s.k8[t * d + i];
+    for (int64_t g = 0; g < groups; ++g)
+      std::memcpy(&s.k_tiles[(t / kTile) * kTile * d + g * kTile * 4 + (t % kTile) * 4],
+                  &s.k8[t * d + 4 * g], 4);
+  constexpr int64_t kQueries = 4;
   for (int64_t t0 = 0; t0 < s.keys; t0 += kTile) {
     const int8_t* tile = &s.k_tiles[t0 * d];
     const __m512 kscale = _mm512_mul_ps(_mm512_loadu_ps(&s.k_scale[t0]),
                                         _mm512_set1_ps(inv_sqrt_d));
     const __m512i ksum = _mm512_loadu_si512(&s.k_sum[t0]);
-    for (int64_t r = 0; r < s.nq; ++r) {
-      __m512i acc = _mm512_setzero_si512();
-      const uint8_t* q = &s.q8[r * d];
+    for (int64_t r0 = 0; r0 < s.nq; r0 += kQueries) {
+      const int64_t n = std::min(kQueries, s.nq - r0);
+      __m512i acc[kQueries] = {};
       for (int64_t g = 0; g < groups; ++g) {
-        int32_t four;
-        std::memcpy(&four, q + 4 * g, 4);
-        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(four),
-                                  _mm512_loadu_si512(tile + g * kTile * 4));
+        const __m512i w = _mm512_loadu_si512(tile + g * kTile * 4);
+        for (int64_t j = 0; j < n; ++j) {
+          int32_t four;
+          std::memcpy(&four, &s.q8[(r0 + j) * d + 4 * g], 4);
+          acc[j] = _mm512_dpbusd_epi32(acc[j], _mm512_set1_epi32(four), w);
+        }
       }
-      const __m512i exact = _mm512_sub_epi32(acc, _mm512_mullo_epi32(
-          _mm512_set1_epi32(s.q_zero[r]), ksum));
-      _mm512_storeu_ps(&s.scores[r * s.keys + t0], _mm512_mul_ps(
-          _mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(s.q_scale[r]), kscale)));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t r = r0 + j;
+        const __m512i exact = _mm512_sub_epi32(acc[j], _mm512_mullo_epi32(
+            _mm512_set1_epi32(s.q_zero[r]), ksum));
+        _mm512_storeu_ps(&s.scores[r * s.keys + t0], _mm512_mul_ps(
+            _mm512_cvtepi32_ps(exact), _mm512_mul_ps(_mm512_set1_ps(s.q_scale[r]), kscale)));
+      }
     }
   }
   softmax_8bit(s);
-  std::fill(s.v_tiles.begin(), s.v_tiles.end(), int8_t{0});
   const int64_t blocks = d / kTile;
-  for (int64_t t = 0; t < s.nk; ++t)
-    for (int64_t i = 0; i < d; ++i)
-      s.v_tiles[((t / 4) * blocks + i / kTile) * kTile * 4 + (i % kTile) * 4 + t % 4] =
-          s.v8[t * d + i];
-  constexpr int64_t kMaxBlocks = 8;  // heads up to 128 wide on this path
-  for (int64_t r = 0; r < s.nq; ++r) {
-    __m512i acc[kMaxBlocks];
-    for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm512_setzero_si512();
-    const uint8_t* p = &s.p8[r * s.keys];
+  for (int64_t t0 = 0; t0 < s.keys; t0 += 4)
+    interleave_values(s.v8.data(), d, t0, s.nk, &s.v_tiles[(t0 / 4) * blocks * kTile * 4]);
+  constexpr int64_t kMaxBlocks = 8, kRows = 2;  // heads up to 128 wide on this path
+  for (int64_t r0 = 0; r0 < s.nq; r0 += kRows) {
+    const int64_t n = std::min(kRows, s.nq - r0);
+    __m512i acc[kRows][kMaxBlocks] = {};
     for (int64_t g = 0; g < s.keys / 4; ++g) {
-      int32_t four;
-      std::memcpy(&four, p + 4 * g, 4);
-      const __m512i pv = _mm512_set1_epi32(four);
-      for (int64_t b = 0; b < blocks; ++b)
-        acc[b] = _mm512_dpbusd_epi32(acc[b], pv, _mm512_loadu_si512(
-            &s.v_tiles[(g * blocks + b) * kTile * 4]));
+      __m512i pv[kRows];
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t four;
+        std::memcpy(&four, &s.p8[(r0 + j) * s.keys + 4 * g], 4);
+        pv[j] = _mm512_set1_epi32(four);
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        const __m512i w = _mm512_loadu_si512(&s.v_tiles[(g * blocks + b) * kTile * 4]);
+        for (int64_t j = 0; j < n; ++j) acc[j][b] = _mm512_dpbusd_epi32(acc[j][b], pv[j], w);
+      }
     }
-    const __m512 inv = _mm512_set1_ps(1.f / static_cast<float>(s.p_sum[r]));
-    for (int64_t b = 0; b < blocks; ++b)
-      _mm512_storeu_ps(out + r * out_stride + b * kTile, _mm512_mul_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(acc[b]), _mm512_loadu_ps(&s.v_scale[b * kTile])), inv));
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t r = r0 + j;
+      const __m512 inv = _mm512_set1_ps(1.f / static_cast<float>(s.p_sum[r]));
+      for (int64_t b = 0; b < blocks; ++b)
+        _mm512_storeu_ps(out + r * out_stride + b * kTile, _mm512_mul_ps(_mm512_mul_ps(
+            _mm512_cvtepi32_ps(acc[j][b]), _mm512_loadu_ps(&s.v_scale[b * kTile])), inv));
+    }
   }
 }
 
