@@ -13,10 +13,10 @@ from audiofast.asr import kernels
 from audiofast.diffusion.attention import Attention
 from audiofast.diffusion.config import DiTConfig
 from audiofast.diffusion.dit import DiT, DiTBlock
-from audiofast.diffusion.int8 import Int8Linear, quantize_dit
+from audiofast.diffusion.int8 import Int8Conv1x1, Int8Linear, quantize_dit
 from audiofast.diffusion.int8_block import FusedInt8Block, modulated_linear, self_attention
 from audiofast.diffusion.layers import RMSNorm, RotaryEmbedding
-from audiofast.diffusion.qad import fake_quantize_
+from audiofast.diffusion.qad import FakeQuantConv1x1, fake_quantize_
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "kernel")
 
@@ -182,3 +182,23 @@ def test_gated_linear_is_the_unfused_glu_and_residual() -> None:
         kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy(), gate[:2].numpy())
     with pytest.raises(ValueError, match="give both residual and gate"):
         kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy())
+
+
+def test_io_layers_pad_inputs_to_the_kernel_width() -> None:
+    """A 1x1 conv 40 channels wide (the kernel takes multiples of 32): the kernel, zero-padded
+    to 64, against the PyTorch arithmetic and QAD's fake-quant conv on the same weights."""
+    conv = _dit(False).preprocess_conv
+    kernel, reference = Int8Conv1x1.from_conv(conv), Int8Conv1x1.from_conv(conv, False)
+    fake = FakeQuantConv1x1(40, 40, 1, bias=False)
+    fake.weight = conv.weight
+    x = torch.randn(2, 40, 24, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a, b, c, exact = kernel(x), reference(x), fake(x), conv(x)
+    assert kernel.packed()[0].shape == (3, 64 // 4, 64)  # 40 inputs packed as 64
+    torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=0)
+    torch.testing.assert_close(b, c, atol=1e-6 * b.abs().max().item(), rtol=0)
+    assert (a - exact).abs().max() > 1e-4 * exact.abs().max()  # int8 is not float
+    dit = quantize_dit(_dit(False), io=True)
+    assert isinstance(dit.postprocess_conv, Int8Conv1x1)
+    assert isinstance(dit.transformer.project_in, Int8Linear)
+    assert not isinstance(quantize_dit(_dit(False)).preprocess_conv, Int8Linear)  # off by default

@@ -35,8 +35,6 @@ QUANTIZATION = {
     "activations": "per-token dynamic uint8 over [min(0, x), max(0, x)]",
     "modules": "transformer block linears + project_out",
     "attention": ATTENTION_RECORD,  # absent in older int8 checkpoints: float attention there
-    # absent in older int8 checkpoints: float io layers there
-    "io_layers": "project_in + the 1x1 pre/post convs, inputs zero-padded to 32",
 }
 
 
@@ -142,11 +140,11 @@ def _int8_module(old: nn.Module, use_kernel: bool, empty: bool = False) -> Int8L
 
 
 def quantize_dit(dit: nn.Module, use_kernel: bool | None = None,
-                 attention: bool = True, io: bool = True) -> nn.Module:
-    """Replace the DiT's int8-bound linears (``io``: and its io layers, qad.IO_LAYERS) by
-    :class:`Int8Linear` and (``attention``) run its self-attention in 8 bits (in place;
-    returns ``dit``). ``use_kernel`` None: the kernel where it is built, else the PyTorch
-    reference."""
+                 attention: bool = True, io: bool = False) -> nn.Module:
+    """Replace the DiT's int8-bound linears (``io``: and its io layers, qad.IO_LAYERS, for the
+    benchmark's comparison) by :class:`Int8Linear` and (``attention``) run its self-attention
+    in 8 bits (in place; returns ``dit``). ``use_kernel`` None: the kernel where it is built,
+    else the PyTorch reference."""
     if use_kernel is None:
         use_kernel = kernel_available()
     for name in quantized_linear_names(dit, io):
@@ -164,10 +162,10 @@ def _fuse(dit: nn.Module) -> nn.Module:
     return fuse_int8_blocks_(dit)
 
 
-def empty_int8_dit_(dit: nn.Module, attention: bool = False, io: bool = False) -> nn.Module:
+def empty_int8_dit_(dit: nn.Module, attention: bool = False) -> nn.Module:
     """Give a freshly built DiT the int8 layout a quantized checkpoint loads into
-    (``attention``, ``io``: its record says the self-attention, the io layers, are int8 too)."""
+    (``attention``: its record says the self-attention runs in 8 bits too)."""
     use_kernel = kernel_available()
-    for name in quantized_linear_names(dit, io):
+    for name in quantized_linear_names(dit):
         replace_module(dit, name, _int8_module(dit.get_submodule(name), use_kernel, empty=True))
     return _fuse(set_int8_attention_(dit, attention))

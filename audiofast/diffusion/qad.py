@@ -16,11 +16,12 @@ Self-attention runs in 8 bits too (queries, keys, values and softmax weights:
 :mod:`audiofast.diffusion.int8_attention`, the int8 kernel's arithmetic).
 
 Which linears: every projection inside the transformer blocks (self/cross-attention q, k, v,
-out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes), the input and
-output projections and the 1x1 pre/post convs around them (``io_channels`` wide: 513 on the
-proving ground, where they are an eighth of an int8 pass's time; the kernel pads their inputs
-to its multiple of 32). The per-clip conditioning MLPs stay float. Students quantized before
-the io layers joined (their record lacks ``io_layers``) keep those float.
+out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes) and the output
+projection. The input projection and the 1x1 pre/post convs (:data:`IO_LAYERS`,
+``io_channels`` wide: 513 on the proving ground) stay float: ``io=True`` quantizes them too
+(the kernel pads their inputs to its multiple of 32), but measured there it saved no time
+(the kernel at 513 wide is about oneDNN's fp32) and raised the error by a third
+(docs/diffusion.md). The per-clip conditioning MLPs stay float.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class FakeQuantConv1x1(nn.Conv1d):
 IO_LAYERS = ("preprocess_conv", "transformer.project_in", "postprocess_conv")
 
 
-def quantized_linear_names(dit: nn.Module, io: bool = True) -> list[str]:
+def quantized_linear_names(dit: nn.Module, io: bool = False) -> list[str]:
     """The DiT's linears that run in int8 (see the module docstring), by qualified name;
     ``io``: also the input projection and the 1x1 pre/post convs (:data:`IO_LAYERS`)."""
     names = [n for n, m in dit.named_modules()
@@ -95,7 +96,7 @@ def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, child, new)
 
 
-def fake_quantize_(dit: nn.Module, io: bool = True) -> nn.Module:
+def fake_quantize_(dit: nn.Module, io: bool = False) -> nn.Module:
     """Swap each int8-bound linear (and, ``io``, 1x1 conv) of ``dit`` for a fake-quant one
     sharing its parameters and run its self-attention in 8 bits (:mod:`~audiofast.diffusion.
     int8_attention`), in place; returns ``dit``."""
