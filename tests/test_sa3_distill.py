@@ -99,10 +99,13 @@ def test_students_describe_how_to_sample_them(ladder: dict) -> None:
     qad = load_for_generation(ladder["qad"]["dir"])
     assert qad.config.student.quantization["scheme"] == "w8a8"
     assert qad.config.student.sampler == steps.sampler
+    assert "io_layers" in qad.config.student.quantization  # QAD trains through them
     int8 = [m for m in qad.dit.modules() if isinstance(m, Int8Linear)]
-    assert len(int8) == 2 * 7 + 1 and all(m.weight.dtype == torch.int8 for m in int8)
+    # per block 7 linears, project_out, and the io layers: project_in, the pre/post 1x1 convs
+    assert len(int8) == 2 * 7 + 1 + 3 and all(m.weight.dtype == torch.int8 for m in int8)
     weights = load_file(str(ladder["qad"]["dir"] / "model.safetensors"))
     assert weights["model.model.transformer.layers.0.self_attn.to_qkv.weight"].dtype == torch.int8
+    assert weights["model.model.preprocess_conv.weight"].dtype == torch.int8
 
 
 def test_folded_student_runs_one_pass_per_step(ladder: dict) -> None:

@@ -172,7 +172,8 @@ def build_model(
         from audiofast.diffusion.int8 import empty_int8_dit_
 
         quantization = config.student.quantization  # int8 weights + scales, as stored
-        empty_int8_dit_(model.dit, attention="attention" in quantization)
+        empty_int8_dit_(model.dit, attention="attention" in quantization,
+                        io="io_layers" in quantization)
     return model.to(dtype) if dtype is not None else model
 
 

@@ -244,7 +244,7 @@ def prepare_stage(stage: str, parent_source: str | Path, cfg: StageConfig, workd
     if stage == "qad":
         from audiofast.diffusion.qad import fake_quantize_
 
-        fake_quantize_(student.dit)
+        fake_quantize_(student.dit, io=True)
     student.requires_grad_(False)
     params = list(student.dit.parameters())
     for p in params:
@@ -287,7 +287,7 @@ def run_stage(stage: str, parent_source: str | Path, cfg: StageConfig, out: str 
     if stage == "qad":
         from audiofast.diffusion.int8 import quantize_dit
 
-        quantize_dit(trained.dit)
+        quantize_dit(trained.dit, io=True)
     export_student(trained, out, cfg)
     passed = None
     if cfg.gate.enabled:
