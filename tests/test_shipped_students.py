@@ -31,6 +31,7 @@ def test_shipped_student_samples_itself(name: str, stage: str, steps: int, int8:
     assert (student.stage, student.sampler.steps, student.guidance.scale) == (stage, steps, 5.0)
     assert any(isinstance(m, Int8Linear) for m in model.dit.modules()) is int8
     assert uses_int8_attention(model.dit) is int8  # QAD trained it with 8-bit attention
+    assert isinstance(model.dit.preprocess_conv, Int8Linear) is int8  # and int8 io layers
     rows = []
     model.dit.register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[0]))
     audio = generate(model, ["a soft organ playing a C4 note"], 1.0, seed=0, progress=False)
