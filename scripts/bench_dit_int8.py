@@ -6,8 +6,7 @@ Options: float32 (the baseline), the project's packed int8 kernel (per-token 8-b
 exact int32 sums: what ``distill --stage qad`` exports) with its blocks' norms fused into the
 kernel calls (diffusion/int8_block.py: norms and adaLN before the linears) and its
 self-attention in 8 bits in one kernel pass (q/k norms, RoPE, int8 QK and PV:
-kernels.dit_attention_int8), with torch on one thread between the kernel calls (int8.Int8DiT)
-and on two (before it); the same with the io layers int8 too (what QAD students now export);
+kernels.dit_attention_int8); the same with the io layers int8 too (what QAD students export);
 the same with float attention (q/k norms and RoPE in a kernel, then SDPA), with the first
 fusion only, and without; torch's dynamic int8 quantization of the
 same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
@@ -30,7 +29,7 @@ from unittest import mock
 import torch
 
 from audiofast.diffusion import int8_block
-from audiofast.diffusion.dit import DiT, DiTBlock
+from audiofast.diffusion.dit import DiTBlock
 from audiofast.diffusion.generate import load_for_generation
 from audiofast.diffusion.int8 import kernel_available, quantize_dit
 from audiofast.diffusion.qad import quantized_linear_names
@@ -44,13 +43,6 @@ def torch_dynamic(dit: torch.nn.Module) -> torch.nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(dit, names, dtype=torch.qint8)
-
-
-def two_threads(dit: torch.nn.Module) -> torch.nn.Module:
-    """The int8 DiT with torch's ops on all its threads between kernel calls (before
-    int8.Int8DiT: the kernels' spinning workers then shared torch's second core)."""
-    dit.__class__ = DiT
-    return dit
 
 
 def unfused(dit: torch.nn.Module) -> torch.nn.Module:
@@ -104,8 +96,6 @@ def main() -> None:
             quantize_dit(copy.deepcopy(model.dit), use_kernel=True, io=True),
         "int8 kernel, fused blocks, int8 attention": quantize_dit(copy.deepcopy(model.dit),
                                                                   use_kernel=True),
-        "int8 kernel, fused blocks, int8 attention, torch on two threads": two_threads(
-            quantize_dit(copy.deepcopy(model.dit), use_kernel=True)),
         "int8 kernel, fused blocks, float attention": quantize_dit(
             copy.deepcopy(model.dit), use_kernel=True, attention=False),
         "int8 kernel, fused norms, PyTorch q/k norm + RoPE": NormsOnly(

@@ -13,7 +13,7 @@ from audiofast.asr import kernels
 from audiofast.diffusion.attention import Attention
 from audiofast.diffusion.config import DiTConfig
 from audiofast.diffusion.dit import DiT, DiTBlock
-from audiofast.diffusion.int8 import Int8Conv1x1, Int8DiT, Int8Linear, quantize_dit
+from audiofast.diffusion.int8 import Int8Conv1x1, Int8Linear, quantize_dit
 from audiofast.diffusion.int8_block import FusedInt8Block, modulated_linear, self_attention
 from audiofast.diffusion.layers import RMSNorm, RotaryEmbedding
 from audiofast.diffusion.qad import FakeQuantConv1x1, fake_quantize_
@@ -203,29 +203,3 @@ def test_io_layers_pad_inputs_to_the_kernel_width() -> None:
     assert isinstance(dit.transformer.project_in, Int8Linear)
     assert not isinstance(quantize_dit(_dit(False)).preprocess_conv, Int8Linear)  # off by default
 
-
-def test_int8_dit_runs_torch_on_one_thread_and_the_kernels_on_its_count(monkeypatch) -> None:
-    """Inside the int8 DiT's forward torch has one thread and the kernels torch's count; both
-    are as before afterwards, also when the forward raises."""
-    dit = quantize_dit(_dit(False))
-    assert type(dit) is Int8DiT
-    kernel_counts, torch_counts = [], []
-    original = kernels.set_threads
-    monkeypatch.setattr(kernels, "set_threads",
-                        lambda n: kernel_counts.append(n) or original(n))
-    dit.transformer.layers[0].register_forward_pre_hook(
-        lambda *_: torch_counts.append(torch.get_num_threads()))
-    gen = torch.Generator().manual_seed(0)
-    x, t = torch.randn(2, 40, 24, generator=gen), torch.tensor([0.9, 0.3])
-    cross, glob = torch.randn(2, 7, 32, generator=gen), torch.randn(2, 32, generator=gen)
-    torch.set_num_threads(2)  # the fixture restores the caller's count
-    with torch.no_grad():
-        dit(x, t, cross, glob)
-        assert torch_counts == [1] and set(kernel_counts) == {2}
-        assert torch.get_num_threads() == 2
-        with pytest.raises(RuntimeError):
-            dit(x[:, :39], t, cross, glob)  # 39 channels for a 40-channel conv
-    assert torch.get_num_threads() == 2
-    kernel_counts.clear()
-    dit(x, t, cross, glob)  # with gradients (training) the count is left alone
-    assert torch_counts[-1] == 2 and set(kernel_counts) == {2}

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audiofast.diffusion.dit import DiT
 from audiofast.diffusion.int8_attention import ATTENTION_RECORD, set_int8_attention_
 from audiofast.diffusion.qad import (
     fake_quant_activation,
@@ -39,17 +38,6 @@ QUANTIZATION = {
     # absent in older int8 checkpoints: float io layers there
     "io_layers": "project_in + the 1x1 pre/post convs, inputs zero-padded to 32",
 }
-
-
-_kernel_threads: int | None = None  # while an Int8DiT's forward runs: the kernels' count
-
-
-def sync_kernel_threads() -> None:
-    """Give the kernels torch's thread count, or inside an :class:`Int8DiT` forward (where
-    torch runs on one thread) the count torch had before it."""
-    from audiofast.asr import kernels
-
-    kernels.set_threads(_kernel_threads or torch.get_num_threads())
 
 
 def kernel_available() -> bool:
@@ -111,7 +99,7 @@ class Int8Linear(nn.Module):
         if self.use_kernel and x.device.type == "cpu":
             from audiofast.asr import kernels
 
-            sync_kernel_threads()
+            kernels.set_threads(torch.get_num_threads())  # the DiT lane runs on torch's count
             rows = x.detach().reshape(-1, shape[-1]).float()
             if self._padded_in() != self.in_features:
                 rows = F.pad(rows, (0, self._padded_in() - self.in_features))
@@ -170,33 +158,9 @@ def quantize_dit(dit: nn.Module, use_kernel: bool | None = None,
     return _fuse(set_int8_attention_(dit, attention))
 
 
-class Int8DiT(DiT):
-    """A quantized :class:`DiT` whose forward runs torch on one thread while the kernels take
-    the threads torch had. The kernels' workers spin ~1 ms after each loop (pool.h, for the
-    ASR decoder's many short loops), so a two-thread torch op between kernel calls shared its
-    second core with a spinning worker, and libgomp (spin count 1000, audiofast/__init__.py)
-    paid a sleep and wake per op: on the proving ground (batch 32, two threads) a pass took
-    256 ms that way and 164 ms this way with the io layers int8 (docs/diffusion.md)."""
-
-    def forward(self, *args, **kwargs) -> torch.Tensor:
-        global _kernel_threads
-        kernel = any(isinstance(m, Int8Linear) and m.use_kernel for m in self.modules())
-        if not kernel or _kernel_threads is not None or torch.is_grad_enabled():
-            return super().forward(*args, **kwargs)
-        _kernel_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            torch.set_num_threads(_kernel_threads)
-            _kernel_threads = None
-
-
 def _fuse(dit: nn.Module) -> nn.Module:
     from audiofast.diffusion.int8_block import fuse_int8_blocks_  # it builds on this module
 
-    if type(dit) is DiT:
-        dit.__class__ = Int8DiT
     return fuse_int8_blocks_(dit)
 
 

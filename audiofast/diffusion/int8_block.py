@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from audiofast.diffusion.attention import Attention
 from audiofast.diffusion.dit import DiTBlock
-from audiofast.diffusion.int8 import Int8Linear, sync_kernel_threads
+from audiofast.diffusion.int8 import Int8Linear
 from audiofast.diffusion.layers import RMSNorm
 
 
@@ -55,7 +55,7 @@ def modulated_linear(
     offset = x.new_zeros(b, d) if shift is None else shift.reshape(b, d)
     from audiofast.asr import kernels
 
-    sync_kernel_threads()
+    kernels.set_threads(torch.get_num_threads())
     y = kernels.modulated_linear(x.detach().reshape(b * n, d).numpy(), n, mult.detach().numpy(),
                                  offset.detach().numpy(), norm.eps, linear.packed())
     return torch.from_numpy(y).reshape(b, n, -1)

@@ -19,10 +19,9 @@ Which linears: every projection inside the transformer blocks (self/cross-attent
 out and the SwiGLU feed-forward: >97 % of a pass's multiply-adds at SA3 sizes) and the output
 projection; with ``io`` (the QAD stage's choice) also the input projection and the 1x1
 pre/post convs (:data:`IO_LAYERS`, ``io_channels`` wide: 513 on the proving ground; the kernel
-pads their inputs to its multiple of 32). Those are an eighth of an int8 pass in fp32, and the
-int8 DiT runs torch on one thread (int8.Int8DiT), where they would be a quarter. Post-training
-int8 leaves them float (they raised its error by a third untrained). The per-clip
-conditioning MLPs stay float.
+pads their inputs to its multiple of 32). In fp32 they were a sixth of an int8 pass.
+Post-training int8 leaves them float (untrained, they raised its error by a third). The
+per-clip conditioning MLPs stay float.
 """
 
 from __future__ import annotations
