@@ -123,8 +123,7 @@ class Int8Conv1x1(Int8Linear):
         linear = nn.Linear(conv.in_channels, conv.out_channels, conv.bias is not None,
                            device="meta")
         linear.weight, linear.bias = nn.Parameter(conv.weight[:, :, 0]), conv.bias
-        new = cls.from_linear(linear, use_kernel)
-        return new
+        return cls.from_linear(linear, use_kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.transpose(1, 2)).transpose(1, 2)
