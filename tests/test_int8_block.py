@@ -202,4 +202,3 @@ def test_io_layers_pad_inputs_to_the_kernel_width() -> None:
     assert isinstance(dit.postprocess_conv, Int8Conv1x1)
     assert isinstance(dit.transformer.project_in, Int8Linear)
     assert not isinstance(quantize_dit(_dit(False)).preprocess_conv, Int8Linear)  # off by default
-

@@ -65,12 +65,18 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, use_kernel: bool = True) -> Int8Linear:
-        new = cls(linear.in_features, linear.out_features, linear.bias is not None, use_kernel)
-        q, scale = quantize_weight(linear.weight)
+        return cls.from_weight(linear.weight, linear.bias, use_kernel)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+                    use_kernel: bool = True) -> Int8Linear:
+        """From a float ``[out, in]`` weight (and bias)."""
+        new = cls(weight.shape[1], weight.shape[0], bias is not None, use_kernel)
+        q, scale = quantize_weight(weight)
         new.weight.copy_(q)
         new.weight_scale.copy_(scale)
-        if linear.bias is not None:
-            new.bias.copy_(linear.bias.detach().float())
+        if bias is not None:
+            new.bias.copy_(bias.detach().float())
         return new
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
@@ -120,24 +126,19 @@ class Int8Conv1x1(Int8Linear):
 
     @classmethod
     def from_conv(cls, conv: nn.Conv1d, use_kernel: bool = True) -> Int8Conv1x1:
-        linear = nn.Linear(conv.in_channels, conv.out_channels, conv.bias is not None,
-                           device="meta")
-        linear.weight, linear.bias = nn.Parameter(conv.weight[:, :, 0]), conv.bias
-        return cls.from_linear(linear, use_kernel)
+        return cls.from_weight(conv.weight[:, :, 0], conv.bias, use_kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x.transpose(1, 2)).transpose(1, 2)
 
 
 def _int8_module(old: nn.Module, use_kernel: bool, empty: bool = False) -> Int8Linear:
-    if isinstance(old, nn.Conv1d):
-        if empty:
-            return Int8Conv1x1(old.in_channels, old.out_channels, old.bias is not None,
-                               use_kernel)
-        return Int8Conv1x1.from_conv(old, use_kernel)
+    """``old`` (a linear or 1x1 conv) in int8; ``empty``: its layout only, to load into."""
+    conv = isinstance(old, nn.Conv1d)
+    cls, weight = (Int8Conv1x1, old.weight[:, :, 0]) if conv else (Int8Linear, old.weight)
     if empty:
-        return Int8Linear(old.in_features, old.out_features, old.bias is not None, use_kernel)
-    return Int8Linear.from_linear(old, use_kernel)
+        return cls(weight.shape[1], weight.shape[0], old.bias is not None, use_kernel)
+    return cls.from_weight(weight, old.bias, use_kernel)
 
 
 def quantize_dit(dit: nn.Module, use_kernel: bool | None = None,
