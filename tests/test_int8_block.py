@@ -198,6 +198,12 @@ def test_io_layers_pad_inputs_to_the_kernel_width() -> None:
     torch.testing.assert_close(a, b, atol=1e-5 * b.abs().max().item(), rtol=0)
     torch.testing.assert_close(b, c, atol=1e-6 * b.abs().max().item(), rtol=0)
     assert (a - exact).abs().max() > 1e-4 * exact.abs().max()  # int8 is not float
+    rows = x.transpose(1, 2).reshape(-1, 40).contiguous()  # the kernel pads inside: exact
+    inside = kernels.quant_linear(rows.numpy(), kernel.packed())
+    np.testing.assert_array_equal(inside, kernels.quant_linear(
+        torch.nn.functional.pad(rows, (0, 24)).numpy(), kernel.packed()))
+    with pytest.raises(ValueError, match=r"\(rows, in\) float32"):  # narrower than one pad
+        kernels.quant_linear(rows[:, :32].contiguous().numpy(), kernel.packed())
     dit = quantize_dit(_dit(False), io=True)
     assert isinstance(dit.postprocess_conv, Int8Conv1x1)
     assert isinstance(dit.transformer.project_in, Int8Linear)

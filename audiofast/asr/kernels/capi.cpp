@@ -82,9 +82,11 @@ int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
                           const audiofast::Array* linear, float* y, int64_t y_size) {
   return guarded([&] {
     const auto L = audiofast::linear_at(linear, 0);
-    audiofast::check(in == L.in, "quant_linear: x must be (rows, in) float32");
+    // in: the weight's packed width, or its real one when packing zero-padded it to 32
+    audiofast::check(in == L.in || (in > 0 && in < L.in && in > L.in - 32),
+                     "quant_linear: x must be (rows, in) float32");
     audiofast::check(y_size == rows * L.out, "quant_linear: output buffer of the wrong size");
-    audiofast::linear(L, x, rows, y);
+    audiofast::linear(L, x, rows, y, in);
   });
 }
 

@@ -38,7 +38,7 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 // One (sample, head)'s operands and scores; reused by a thread across the heads it takes.
 struct HeadScratch {
   int64_t nq, nk, d, keys;  // queries, keys, head dim, keys padded to whole tiles
-  std::vector<float> q, k, v, tmp;     // float rows after norm + rope (nq / nk x d)
+  const float *q, *k, *v;              // float rows after norm + rope (nq / nk x d, head-major)
   std::vector<uint8_t> q8;             // nq x d, with q_zero
   std::vector<float> q_scale;          // nq
   std::vector<int32_t> q_zero;         // nq
@@ -53,9 +53,9 @@ struct HeadScratch {
   std::vector<int8_t> k_tiles, v_tiles;  // VNNI layouts
 
   HeadScratch(int64_t nq_, int64_t nk_, int64_t d_)
-      : nq(nq_), nk(nk_), d(d_), keys(round_up(nk_, kTile)), q(nq * d), k(nk * d), v(nk * d),
-        tmp(d), q8(nq * d), q_scale(nq), q_zero(nq), k8(nk * d), k_scale(keys), k_sum(keys),
-        v8(nk * d), v_scale(d), scores(nq * keys), p8(nq * keys), p_sum(nq),
+      : nq(nq_), nk(nk_), d(d_), keys(round_up(nk_, kTile)), q(nullptr), k(nullptr),
+        v(nullptr), q8(nq * d), q_scale(nq), q_zero(nq), k8(nk * d), k_scale(keys),
+        k_sum(keys), v8(nk * d), v_scale(d), scores(nq * keys), p8(nq * keys), p_sum(nq),
         k_tiles(keys * d), v_tiles(keys * d) {}
 };
 
@@ -99,7 +99,7 @@ void quantize_head(HeadScratch& s) {
   const __m256i k_lo = _mm256_set1_epi32(-127), k_hi = _mm256_set1_epi32(127);
   alignas(32) int32_t lanes[8];
   for (int64_t t = 0; t < s.nq; ++t) {
-    const float* q = &s.q[t * d];
+    const float* q = s.q + t * d;
     __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8) {
       lo = _mm256_min_ps(lo, _mm256_loadu_ps(q + i));
@@ -120,7 +120,7 @@ void quantize_head(HeadScratch& s) {
     s.q_zero[t] = zero;
   }
   for (int64_t t = 0; t < s.nk; ++t) {
-    const float* k = &s.k[t * d];
+    const float* k = s.k + t * d;
     __m256 amax = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i += 8)
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(k + i)));
@@ -141,13 +141,13 @@ void quantize_head(HeadScratch& s) {
   for (int64_t i = 0; i < d; i += 8) {
     __m256 amax = _mm256_setzero_ps();
     for (int64_t t = 0; t < s.nk; ++t)
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(&s.v[t * d + i])));
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(s.v + t * d + i)));
     alignas(32) float am[8];
     _mm256_store_ps(am, amax);
     for (int64_t j = 0; j < 8; ++j) s.v_scale[i + j] = symmetric_scale(am[j]);
     const __m256 vs = _mm256_loadu_ps(&s.v_scale[i]);
     for (int64_t t = 0; t < s.nk; ++t)
-      store8_i8(round_div(_mm256_loadu_ps(&s.v[t * d + i]), vs, k_lo, k_hi), &s.v8[t * d + i]);
+      store8_i8(round_div(_mm256_loadu_ps(s.v + t * d + i), vs, k_lo, k_hi), &s.v8[t * d + i]);
   }
 }
 
@@ -296,34 +296,68 @@ struct Rows {
   const float* at(int64_t b, int64_t t) const { return base + (b * tokens + t) * stride; }
 };
 
+// Row (sample b, token t) of one operand, every head RMS-normed and rotated (rot 0: none;
+// gain null: copied, times mask[b * tokens + t] if given), into head-major dst (batch, heads,
+// tokens, d). Reading whole rows in order keeps the hardware prefetcher ahead: a
+// (sample, head) at a time reads 128 bytes per row 2 KB apart, and waited on every load.
+void gather_heads(Rows src, int64_t b, int64_t t, int64_t heads, int64_t d, int64_t rot,
+                  const float* gain, float eps, const float* cos, const float* sin,
+                  const float* mask, float* scratch, float* dst) {
+  const float none = 0.f;  // cos / sin when nothing rotates (rot 0 reads none of it)
+  const float* row = src.at(b, t);
+  const float m = mask ? mask[b * src.tokens + t] : 1.f;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* out = dst + ((b * heads + h) * src.tokens + t) * d;
+    if (gain)
+      norm_rotate(row + h * d, gain, d, rot, eps, rot ? cos + t * rot : &none,
+                  rot ? sin + t * rot : &none, scratch, out);
+    else
+      for (int64_t i = 0; i < d; ++i) out[i] = row[h * d + i] * m;
+  }
+}
+
 // Attention of q rows over k, v rows, every (sample, head) alone: the q / k norms and rotary
-// positions (rot 0: none), v times value_mask (b x nk, may be null), 8-bit operands.
+// positions (rot 0: none), v times value_mask (b x nk, may be null), 8-bit operands. Two
+// passes: rows to head-major floats (gather_heads), then each (sample, head) from those.
 void attention_int8(Rows q, Rows k, Rows v, int64_t batch, int64_t heads, int64_t d,
                     int64_t rot, const float* q_gain, const float* k_gain, float eps,
                     const float* cos, const float* sin, const float* value_mask, float* out) {
   check(rot % 2 == 0 && rot <= d, "dit_attention: rotary channels must be even and <= head dim");
   check(d % 8 == 0 && d <= 512 && q.tokens <= 512 && k.tokens <= 512,
         "dit_attention: head dim must be a multiple of 8, head dim and tokens at most 512");
-  const int64_t width = heads * d;
+  const int64_t width = heads * d, nq = q.tokens, nk = k.tokens;
   const bool vnni = dit_attention_uses_vnni(d);
   const float inv_sqrt_d = 1.f / std::sqrt(static_cast<float>(d));
-  const float none = 0.f;  // cos / sin when nothing rotates (rot 0 reads none of it)
-  parallel_for(batch * heads, [&](int64_t w0, int64_t w1) {
-    HeadScratch s(q.tokens, k.tokens, d);
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / heads, h = w % heads;
-      for (int64_t t = 0; t < s.nq; ++t)
-        norm_rotate(q.at(b, t) + h * d, q_gain, d, rot, eps, rot ? cos + t * rot : &none,
-                    rot ? sin + t * rot : &none, s.tmp.data(), &s.q[t * d]);
-      for (int64_t t = 0; t < s.nk; ++t) {
-        norm_rotate(k.at(b, t) + h * d, k_gain, d, rot, eps, rot ? cos + t * rot : &none,
-                    rot ? sin + t * rot : &none, s.tmp.data(), &s.k[t * d]);
-        const float m = value_mask ? value_mask[b * s.nk + t] : 1.f;
-        const float* src = v.at(b, t) + h * d;
-        for (int64_t i = 0; i < d; ++i) s.v[t * d + i] = src[i] * m;
+  // reused across calls (a DiT pass makes two per block): fresh pages cost ~1 ms per call
+  thread_local std::vector<float> heads_buf;
+  const int64_t q_size = batch * heads * nq * d, kv_size = batch * heads * nk * d;
+  if (static_cast<int64_t>(heads_buf.size()) < q_size + 2 * kv_size)
+    heads_buf.resize(q_size + 2 * kv_size);
+  float* qh = heads_buf.data();
+  float *kh = qh + q_size, *vh = kh + kv_size;
+  parallel_for(batch * std::max(nq, nk), [&](int64_t r0, int64_t r1) {
+    std::vector<float> scratch(d);
+    const int64_t n = std::max(nq, nk);
+    for (int64_t r = r0; r < r1; ++r) {  // row r: token r % n of sample r / n
+      const int64_t b = r / n, t = r % n;
+      if (t < nq)
+        gather_heads(q, b, t, heads, d, rot, q_gain, eps, cos, sin, nullptr, scratch.data(), qh);
+      if (t < nk) {
+        gather_heads(k, b, t, heads, d, rot, k_gain, eps, cos, sin, nullptr, scratch.data(), kh);
+        gather_heads(v, b, t, heads, d, 0, nullptr, eps, cos, sin, value_mask, scratch.data(),
+                     vh);
       }
+    }
+  });
+  parallel_for(batch * heads, [&](int64_t w0, int64_t w1) {
+    HeadScratch s(nq, nk, d);
+    for (int64_t w = w0; w < w1; ++w) {
+      s.q = qh + w * nq * d;
+      s.k = kh + w * nk * d;
+      s.v = vh + w * nk * d;
       quantize_head(s);
-      float* dst = out + b * s.nq * width + h * d;
+      const int64_t b = w / heads, h = w % heads;
+      float* dst = out + b * nq * width + h * d;
       if (vnni)
         attend_vnni(s, inv_sqrt_d, dst, width);
       else

@@ -225,11 +225,20 @@ QuantLinear linear_at(const Array* p, size_t i) {
 
 // y (rows, out) = L(x (rows, in)), each row quantized alone; blocks of outputs across
 // threads, each block's weights read once for all rows (four at a time).
-void linear(const QuantLinear& L, const float* x, int64_t rows, float* y) {
+void linear(const QuantLinear& L, const float* x, int64_t rows, float* y, int64_t width) {
+  if (width < 0) width = L.in;
   std::vector<uint8_t> xq(rows * L.in);
   std::vector<RowScale> rs(rows);
   auto quantize = [&](int64_t r0, int64_t r1) {
-    for (int64_t m = r0; m < r1; ++m) rs[m] = quantize_row(x + m * L.in, L.in, &xq[m * L.in]);
+    if (width == L.in) {
+      for (int64_t m = r0; m < r1; ++m) rs[m] = quantize_row(x + m * L.in, L.in, &xq[m * L.in]);
+      return;
+    }
+    std::vector<float> padded(L.in, 0.f);  // the tail stays zero
+    for (int64_t m = r0; m < r1; ++m) {
+      std::memcpy(padded.data(), x + m * width, width * sizeof(float));
+      rs[m] = quantize_row(padded.data(), L.in, &xq[m * L.in]);
+    }
   };
   if (rows <= 4)
     quantize(0, rows);

@@ -46,8 +46,11 @@ struct QuantLinear {
 // The linear whose four arrays start at p[i], checked; the weight's dtype says which kind.
 QuantLinear linear_at(const Array* p, size_t i);
 
-// y (rows, out) = L(x (rows, in)); row m's outputs depend on row m alone.
-void linear(const QuantLinear& L, const float* x, int64_t rows, float* y);
+// y (rows, out) = L(x (rows, in)); row m's outputs depend on row m alone. width (default
+// L.in): x's row width when the packed weight is zero-padded to the next multiple of 32 (the
+// SA3 DiT's 513-wide io layers): each row is padded with zeros as it is quantized, which is
+// exact (the range always holds 0 and the padded weights are 0).
+void linear(const QuantLinear& L, const float* x, int64_t rows, float* y, int64_t width = -1);
 
 // Whether linears take the AVX-512 VNNI path (the CPU has it; AUDIOFAST_NO_VNNI unset).
 bool use_vnni();
