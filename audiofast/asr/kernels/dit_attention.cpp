@@ -222,9 +222,46 @@ void interleave_values(const int8_t* v8, int64_t d, int64_t t0, int64_t nk, int8
   }
 }
 
-// The same with vpdpbusd (d a multiple of 16): keys as tiles of 16 keys x 4 dims, values as
-// blocks of 16 channels x 4 tokens. Four queries (two for the values) share each tile load
-// and keep four independent sums in flight (one dependent chain stalled on vpdpbusd's latency).
+// out rows = (p8 . v8) * v_scale / p_sum with vpdpbusd, kBlocks blocks of 16 channels
+// (compile-time, so the sums stay in registers: with a run-time count they lived on the stack
+// and were zeroed by a memset per query pair, a third of the kernel). Two queries share each
+// value block load; an odd last query is computed twice and stored once.
+template <int kBlocks>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void weighted_values(
+    const HeadScratch& s, float* out, int64_t out_stride) {
+  constexpr int64_t kRows = 2;
+  for (int64_t r0 = 0; r0 < s.nq; r0 += kRows) {
+    int64_t rows[kRows];
+    for (int64_t j = 0; j < kRows; ++j) rows[j] = std::min(r0 + j, s.nq - 1);
+    __m512i acc[kRows][kBlocks];
+    for (auto& per_row : acc)
+      for (auto& a : per_row) a = _mm512_setzero_si512();
+    for (int64_t g = 0; g < s.keys / 4; ++g) {
+      __m512i pv[kRows];
+      for (int64_t j = 0; j < kRows; ++j) {
+        int32_t four;
+        std::memcpy(&four, &s.p8[rows[j] * s.keys + 4 * g], 4);
+        pv[j] = _mm512_set1_epi32(four);
+      }
+      for (int64_t b = 0; b < kBlocks; ++b) {
+        const __m512i w = _mm512_loadu_si512(&s.v_tiles[(g * kBlocks + b) * kTile * 4]);
+        for (int64_t j = 0; j < kRows; ++j) acc[j][b] = _mm512_dpbusd_epi32(acc[j][b], pv[j], w);
+      }
+    }
+    for (int64_t j = 0; j < std::min(kRows, s.nq - r0); ++j) {
+      const int64_t r = rows[j];
+      const __m512 inv = _mm512_set1_ps(1.f / static_cast<float>(s.p_sum[r]));
+      for (int64_t b = 0; b < kBlocks; ++b)
+        _mm512_storeu_ps(out + r * out_stride + b * kTile, _mm512_mul_ps(_mm512_mul_ps(
+            _mm512_cvtepi32_ps(acc[j][b]), _mm512_loadu_ps(&s.v_scale[b * kTile])), inv));
+    }
+  }
+}
+
+// The same with vpdpbusd (d a multiple of 16, at most 128): keys as tiles of 16 keys x 4 dims,
+// values as blocks of 16 channels x 4 tokens. Four queries share each key tile load and keep
+// four independent sums in flight (one dependent chain stalled on vpdpbusd's latency); a
+// short last group repeats its last query and stores it once.
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
     HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
   const int64_t d = s.d, groups = d / 4;
@@ -240,18 +277,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
                                         _mm512_set1_ps(inv_sqrt_d));
     const __m512i ksum = _mm512_loadu_si512(&s.k_sum[t0]);
     for (int64_t r0 = 0; r0 < s.nq; r0 += kQueries) {
-      const int64_t n = std::min(kQueries, s.nq - r0);
-      __m512i acc[kQueries] = {};
+      int64_t rows[kQueries];
+      for (int64_t j = 0; j < kQueries; ++j) rows[j] = std::min(r0 + j, s.nq - 1);
+      __m512i acc[kQueries];
+      for (auto& a : acc) a = _mm512_setzero_si512();
       for (int64_t g = 0; g < groups; ++g) {
         const __m512i w = _mm512_loadu_si512(tile + g * kTile * 4);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = 0; j < kQueries; ++j) {
           int32_t four;
-          std::memcpy(&four, &s.q8[(r0 + j) * d + 4 * g], 4);
+          std::memcpy(&four, &s.q8[rows[j] * d + 4 * g], 4);
           acc[j] = _mm512_dpbusd_epi32(acc[j], _mm512_set1_epi32(four), w);
         }
       }
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t r = r0 + j;
+      for (int64_t j = 0; j < std::min(kQueries, s.nq - r0); ++j) {
+        const int64_t r = rows[j];
         const __m512i exact = _mm512_sub_epi32(acc[j], _mm512_mullo_epi32(
             _mm512_set1_epi32(s.q_zero[r]), ksum));
         _mm512_storeu_ps(&s.scores[r * s.keys + t0], _mm512_mul_ps(
@@ -263,30 +302,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
   const int64_t blocks = d / kTile;
   for (int64_t t0 = 0; t0 < s.keys; t0 += 4)
     interleave_values(s.v8.data(), d, t0, s.nk, &s.v_tiles[(t0 / 4) * blocks * kTile * 4]);
-  constexpr int64_t kMaxBlocks = 8, kRows = 2;  // heads up to 128 wide on this path
-  for (int64_t r0 = 0; r0 < s.nq; r0 += kRows) {
-    const int64_t n = std::min(kRows, s.nq - r0);
-    __m512i acc[kRows][kMaxBlocks] = {};
-    for (int64_t g = 0; g < s.keys / 4; ++g) {
-      __m512i pv[kRows];
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t four;
-        std::memcpy(&four, &s.p8[(r0 + j) * s.keys + 4 * g], 4);
-        pv[j] = _mm512_set1_epi32(four);
-      }
-      for (int64_t b = 0; b < blocks; ++b) {
-        const __m512i w = _mm512_loadu_si512(&s.v_tiles[(g * blocks + b) * kTile * 4]);
-        for (int64_t j = 0; j < n; ++j) acc[j][b] = _mm512_dpbusd_epi32(acc[j][b], pv[j], w);
-      }
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t r = r0 + j;
-      const __m512 inv = _mm512_set1_ps(1.f / static_cast<float>(s.p_sum[r]));
-      for (int64_t b = 0; b < blocks; ++b)
-        _mm512_storeu_ps(out + r * out_stride + b * kTile, _mm512_mul_ps(_mm512_mul_ps(
-            _mm512_cvtepi32_ps(acc[j][b]), _mm512_loadu_ps(&s.v_scale[b * kTile])), inv));
-    }
-  }
+  using Fn = void (*)(const HeadScratch&, float*, int64_t);
+  static constexpr Fn kByBlocks[8] = {weighted_values<1>, weighted_values<2>, weighted_values<3>,
+                                      weighted_values<4>, weighted_values<5>, weighted_values<6>,
+                                      weighted_values<7>, weighted_values<8>};
+  kByBlocks[blocks - 1](s, out, out_stride);
 }
 
 // Rows of one operand: sample b's token t starts at base + (b * tokens + t) * stride.
