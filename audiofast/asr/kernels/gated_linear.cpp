@@ -4,7 +4,7 @@
 //
 // In PyTorch the feed-forward half is a chunk, silu, a product and a quantization pass before
 // the int8 GEMM and a sigmoid-gated addcmul after it; here the GLU and the 8-bit quantization
-// are one pass per row and the gated residual is the GEMM's epilogue pass.
+// are one pass per row and the gated residual is the GEMM's epilogue, applied in registers.
 #include <cmath>
 #include <vector>
 
@@ -45,19 +45,8 @@ void gated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t to
       rs[m] = quantize_row(glu ? a.data() : row, n, &xq[m * n]);
     }
   });
-  linear_quantized(L, xq, rs.data(), rows, y);
-  if (!residual) return;
-  const int64_t out = L.out;  // y = residual + y * gate[sample]
-  parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t m = r0; m < r1; ++m) {
-      const float* g = gate + (m / tokens) * out;
-      float* row = y + m * out;
-      const float* res = residual + m * out;
-      for (int64_t k = 0; k < out; k += 8)
-        _mm256_storeu_ps(row + k, _mm256_fmadd_ps(_mm256_loadu_ps(row + k), _mm256_loadu_ps(g + k),
-                                                  _mm256_loadu_ps(res + k)));
-    }
-  });
+  const GatedResidual epilogue{residual, gate, tokens};  // y = residual + y * gate[sample]
+  linear_quantized(L, xq, rs.data(), rows, y, residual ? &epilogue : nullptr);
 }
 
 }  // namespace audiofast

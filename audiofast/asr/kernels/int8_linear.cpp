@@ -145,6 +145,8 @@ struct TileOut {
   const int32_t* wsum;
   const float *scale, *bias;  // at the group's first output
   float* const* out;          // per row, at the group's first output
+  const float* const* res;    // null, or per row: the gated residual's x and gate there
+  const float* const* gate;
 };
 
 // block_vnni with the dequantization done on the accumulators in registers, 16 outputs per
@@ -182,8 +184,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni_out(
       const __m512i exact = _mm512_sub_epi32(total, _mm512_mullo_epi32(
           _mm512_set1_epi32(o.rs[r].zero), wsum));
       const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(o.rs[r].scale), scale);
-      _mm512_storeu_ps(o.out[r] + b * kBlock,
-                       _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), sc, bias));
+      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), sc, bias);
+      if (o.res)
+        y = _mm512_fmadd_ps(y, _mm512_loadu_ps(o.gate[r] + b * kBlock),
+                            _mm512_loadu_ps(o.res[r] + b * kBlock));
+      _mm512_storeu_ps(o.out[r] + b * kBlock, y);
     }
   }
 }
@@ -304,8 +309,22 @@ void linear(const QuantLinear& L, const float* x, int64_t rows, float* y, int64_
   linear_quantized(L, xq, rs.data(), rows, y);
 }
 
+namespace {
+
+// out[j] = fma(out[j], gate[j], x[j]) for j < n: the gated residual, rounded once.
+void add_gated(float* out, const float* gate, const float* x, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(out + j, _mm256_fmadd_ps(_mm256_loadu_ps(out + j), _mm256_loadu_ps(gate + j),
+                                              _mm256_loadu_ps(x + j)));
+  for (; j < n; ++j) out[j] = std::fma(out[j], gate[j], x[j]);
+}
+
+}  // namespace
+
 void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowScale* rs,
-                      int64_t rows, float* y) {
+                      int64_t rows, float* y, const GatedResidual* residual) {
+  check(!residual || L.bits == 8, "a gated residual epilogue needs an int8 linear");
   if (L.bits == 4) return linear_int4(L, xq.data(), rs, rows, y);
   const bool vnni = use_vnni();
   if (!vnni) {  // the AVX2 kernel reads each row split in two halves (split_row)
@@ -332,10 +351,17 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowS
           const uint8_t* xs[4];
           for (int r = 0; r < tile; ++r) xs[r] = &xq[(m0 + r) * stride];
           const int64_t n0 = g0 * kBlock;
+          float* outs[4];
+          const float *res[4], *gate[4];
+          for (int r = 0; r < tile; ++r) {
+            outs[r] = y + (m0 + r) * L.out + n0;
+            if (!residual) continue;
+            res[r] = residual->x + (m0 + r) * L.out + n0;
+            gate[r] = residual->gate + (m0 + r) / residual->tokens * L.out + n0;
+          }
           if (vnni && n0 + group * kBlock <= L.out) {  // whole blocks: dequantized in registers
-            float* outs[4];
-            for (int r = 0; r < tile; ++r) outs[r] = y + (m0 + r) * L.out + n0;
-            const TileOut o{rs + m0, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0, outs};
+            const TileOut o{rs + m0, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0, outs,
+                            residual ? res : nullptr, gate};
             kVnniOut[tile - 1][group - 1](wg, L.in, xs, o);
             continue;
           }
@@ -345,19 +371,21 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowS
             for (int b = 0; b < group; ++b)
               avx2[tile - 1](wg + b * L.in * kBlock, L.in, xs, sums + b * tile * kBlock);
           for (int b = 0; b < group; ++b) {
-            const int64_t n0 = (g0 + b) * kBlock, width = std::min(kBlock, L.out - n0);
+            const int64_t c0 = n0 + b * kBlock, width = std::min(kBlock, L.out - c0);
             for (int r = 0; r < tile; ++r) {
               const RowScale q = rs[m0 + r];
               const int32_t* block_sums = sums + (b * tile + r) * kBlock;
-              float* out = y + (m0 + r) * L.out + n0;
-              if (width == kBlock) {
-                dequantize16(block_sums, q, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0,
+              float* out = outs[r] + b * kBlock;
+              if (width == kBlock)
+                dequantize16(block_sums, q, L.int8.wsum + c0, L.int8.scale + c0, L.bias + c0,
                              out);
-                continue;
-              }
-              for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
-                out[j] = std::fma(static_cast<float>(block_sums[j] - q.zero * L.int8.wsum[n0 + j]),
-                                  q.scale * L.int8.scale[n0 + j], L.bias[n0 + j]);
+              else
+                for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
+                  out[j] = std::fma(
+                      static_cast<float>(block_sums[j] - q.zero * L.int8.wsum[c0 + j]),
+                      q.scale * L.int8.scale[c0 + j], L.bias[c0 + j]);
+              if (residual)
+                add_gated(out, gate[r] + b * kBlock, res[r] + b * kBlock, width);
             }
           }
         }

@@ -62,10 +62,18 @@ struct RowScale {
 };
 RowScale quantize_row(const float* x, int64_t n, uint8_t* q);
 
-// y = L(rows already quantized by quantize_row: q rows x in, one scale each). q may be
-// rewritten (the AVX2 path splits each row in place of it).
+// A gated residual epilogue: y = fma(L(a), gate[row / tokens], x) (x rows x out, gate
+// samples x out), applied to each output as it is made.
+struct GatedResidual {
+  const float* x;
+  const float* gate;
+  int64_t tokens;
+};
+
+// y = L(rows already quantized by quantize_row: q rows x in, one scale each), then the
+// epilogue if given. q may be rewritten (the AVX2 path splits each row in place of it).
 void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& q, const RowScale* rs,
-                      int64_t rows, float* y);
+                      int64_t rows, float* y, const GatedResidual* residual = nullptr);
 
 // The SA3 DiT's pre-norm linears (modulated_linear.cpp): y = L(rms(x) * mult[b] + shift[b])
 // with b = row / tokens (a sample's adaLN vectors, the norm's gain folded into mult), the norm,
