@@ -174,6 +174,42 @@ void softmax_8bit(HeadScratch& s) {
   }
 }
 
+// exp8's operations on 16 lanes (the same bits lane for lane), for the AVX-512 path.
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n),
+                                                          _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// softmax_8bit on 16 lanes (keys a multiple of 16 here): the same p8 and sums.
+__attribute__((target("avx512f,avx512bw"))) void softmax_8bit_16(HeadScratch& s) {
+  const __m512 full = _mm512_set1_ps(255.f);
+  for (int64_t i = 0; i < s.nq; ++i) {
+    float* row = &s.scores[i * s.keys];
+    for (int64_t t = s.nk; t < s.keys; ++t) row[t] = -INFINITY;
+    __m512 most = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < s.keys; t += 16) most = _mm512_max_ps(most, _mm512_loadu_ps(row + t));
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(most));
+    uint8_t* p = &s.p8[i * s.keys];
+    __m512i total = _mm512_setzero_si512();
+    for (int64_t t = 0; t < s.keys; t += 16) {
+      const __m512 w = _mm512_mul_ps(exp16(_mm512_sub_ps(_mm512_loadu_ps(row + t), top)), full);
+      const __m512i v = _mm512_cvtps_epi32(w);  // nearest even; <= 255, exactly 255 at the max
+      total = _mm512_add_epi32(total, v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + t), _mm512_cvtusepi32_epi8(v));
+    }
+    s.p_sum[i] = _mm512_reduce_add_epi32(total);
+  }
+}
+
 // Scores and weighted values with the integers summed as floats (any CPU).
 void attend_float(HeadScratch& s, float inv_sqrt_d, float* out, int64_t out_stride) {
   const int64_t d = s.d;
@@ -298,7 +334,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void attend_vnni(
       }
     }
   }
-  softmax_8bit(s);
+  softmax_8bit_16(s);
   const int64_t blocks = d / kTile;
   for (int64_t t0 = 0; t0 < s.keys; t0 += 4)
     interleave_values(s.v8.data(), d, t0, s.nk, &s.v_tiles[(t0 / 4) * blocks * kTile * 4]);
