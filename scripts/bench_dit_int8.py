@@ -11,8 +11,8 @@ the same with float attention (q/k norms and RoPE in a kernel, then SDPA), with 
 fusion only, and without; torch's dynamic int8 quantization of the
 same linears (fbgemm: one activation range per tensor), and the kernel's PyTorch reference
 (dequantized weights, fake-quantized activations: numerics only). Runs are interleaved (each
-round times every option once) and the median per option is reported, with the output's
-relative error against float32. Prints a table, writes ``<out>.json``.
+round times every option once, in a shuffled order) and the median per option is reported,
+with the output's relative error against float32. Prints a table, writes ``<out>.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import audiofast  # noqa: F401 - first: sets GOMP_SPINCOUNT before torch loads l
 import argparse
 import copy
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -114,10 +115,11 @@ def main() -> None:
     with torch.inference_mode():
         for name, dit in options.items():
             outputs[name] = run(dit)  # warm-up
-        for _ in range(args.runs):
-            for name, dit in options.items():
+        rng = random.Random(0)
+        for _ in range(args.runs):  # each round in a new order: what ran before matters here
+            for name in rng.sample(list(options), len(options)):
                 start = time.perf_counter()
-                run(dit)
+                run(options[name])
                 times[name].append(time.perf_counter() - start)
     ref = outputs["float32"]
     rows = []
