@@ -4,6 +4,10 @@ in the kernel's one pass, against the unfused int8 path and the QAD fake-quant f
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,6 +186,52 @@ def test_gated_linear_is_the_unfused_glu_and_residual() -> None:
         kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy(), gate[:2].numpy())
     with pytest.raises(ValueError, match="give both residual and gate"):
         kernels.gated_linear(a.numpy(), 10, linear.packed(), True, x.numpy())
+
+
+def _glu_case():
+    """A GLU projection 32 -> 2 x 48 (three pairs of blocks: the two threads get two and one)
+    over 3 samples x 10 rows, with its modulation."""
+    gen = torch.Generator().manual_seed(8)
+    proj = Int8Linear.from_weight(torch.randn(96, 32, generator=gen) * 0.3,
+                                  torch.randn(96, generator=gen))
+    x = torch.randn(30, 32, generator=gen)
+    mult, shift = torch.rand(3, 32, generator=gen) + 0.5, torch.randn(3, 32, generator=gen)
+    return proj, [t.numpy() for t in (x, mult, shift)]
+
+
+def test_glu_pairs_epilogue_is_the_glu_of_the_linear() -> None:
+    """modulated_linear(glu_pairs=True) on the pair-ordered packing = value * silu(gate) of the
+    plain call's two halves (exp8's polynomial: float32-close), and the layout is checked."""
+    proj, (x, mult, shift) = _glu_case()
+    full = kernels.modulated_linear(x, 10, mult, shift, 1e-6, proj.packed())
+    paired = kernels.modulated_linear(x, 10, mult, shift, 1e-6, proj.packed(True), True)
+    value, gate = torch.from_numpy(full).chunk(2, -1)
+    assert paired.shape == (30, 48)
+    torch.testing.assert_close(torch.from_numpy(paired), value * torch.nn.functional.silu(gate),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.modulated_linear(x, 10, mult, shift, 1e-6,
+                                 Int8Linear.from_linear(torch.nn.Linear(32, 48)).packed(), True)
+
+
+def test_glu_pairs_epilogue_is_the_same_without_vnni(tmp_path) -> None:
+    """The VNNI epilogue (registers, 16 lanes) and the AVX2 one (via memory, 8 lanes) make
+    the same bits."""
+    if not kernels.uses_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: both runs would take the AVX2 path")
+    code = ("import sys, numpy as np\nsys.path.insert(0, sys.argv[2])\n"
+            "from test_int8_block import _glu_case\nfrom audiofast.asr import kernels\n"
+            "proj, (x, mult, shift) = _glu_case()\n"
+            "np.save(sys.argv[1], kernels.modulated_linear(x, 10, mult, shift, 1e-6, "
+            "proj.packed(True), True))\n"
+            "print('avx512_vnni' if kernels.uses_vnni() else 'avx2')\n")
+    here = str(Path(__file__).parent)
+    for name, env, isa in (("vnni", {}, "avx512_vnni"),
+                           ("avx2", {"AUDIOFAST_NO_VNNI": "1"}, "avx2")):
+        ran = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"{name}.npy"), here],
+                             env={**os.environ, **env}, check=True, capture_output=True, text=True)
+        assert ran.stdout.strip() == isa  # the path this run was meant to take
+    np.testing.assert_array_equal(np.load(tmp_path / "vnni.npy"), np.load(tmp_path / "avx2.npy"))
 
 
 def test_io_layers_pad_inputs_to_the_kernel_width() -> None:

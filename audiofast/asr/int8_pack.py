@@ -38,6 +38,17 @@ def pack_int8_weight(q: torch.Tensor) -> torch.Tensor:
     return padded.view(blocks, 16, width // 4, 4).transpose(1, 2).reshape(blocks, width // 4, 64)
 
 
+def glu_pairs_order(out: int) -> torch.Tensor:
+    """The output channels of a GLU projection (``out`` = value half then gate half, a multiple
+    of 32) reordered so that blocks 2k and 2k + 1 of 16 are value and gate channels
+    16k..16k+15: the layout ``kernels.modulated_linear(..., glu_pairs=True)`` reads."""
+    if out % 32:
+        raise ValueError(f"a GLU packed in pairs needs an output width divisible by 32, not {out}")
+    half = out // 2
+    value = torch.arange(half).view(-1, 16)
+    return torch.stack((value, value + half), 1).reshape(-1)
+
+
 def int8_linear_tensors(weight: torch.Tensor, bias: torch.Tensor | None) -> list[torch.Tensor]:
     """A float linear's weight and bias as the kernel's four tensors: packed int8 weight,
     per-channel scale, int8 weight row sums, bias."""

@@ -61,7 +61,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
         self.use_kernel = use_kernel
-        self._packed: list[np.ndarray] | None = None
+        self._packed: dict[bool, list[np.ndarray]] = {}  # by glu_pairs
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, use_kernel: bool = True) -> Int8Linear:
@@ -80,22 +80,29 @@ class Int8Linear(nn.Module):
         return new
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
-        self._packed = None  # weights change: pack again on the next call
+        self._packed = {}  # weights change: pack again on the next call
         super()._load_from_state_dict(*args, **kwargs)
 
-    def packed(self) -> list[np.ndarray]:
-        """The kernel's four arrays: packed weight, scale, weight row sums, bias."""
-        if self._packed is None:
-            from audiofast.asr.int8_pack import pack_int8_weight
+    def packed(self, glu_pairs: bool = False) -> list[np.ndarray]:
+        """The kernel's four arrays: packed weight, scale, weight row sums, bias. ``glu_pairs``:
+        output channels in ``int8_pack.glu_pairs_order`` (a GLU projection whose kernel call
+        applies the GLU in its epilogue)."""
+        if glu_pairs not in self._packed:
+            from audiofast.asr.int8_pack import glu_pairs_order, pack_int8_weight
 
             bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
             # zero columns up to the kernel's multiple of 32: exact, as the activation range
             # always holds 0 and zero inputs add nothing to the sums
             weight = F.pad(self.weight, (0, self._padded_in() - self.in_features))
-            tensors = [pack_int8_weight(weight), self.weight_scale.float(),
-                       self.weight.sum(1, dtype=torch.int32), bias.float()]
-            self._packed = [np.ascontiguousarray(t.detach().numpy()) for t in tensors]
-        return self._packed
+            scale = self.weight_scale.float()
+            if glu_pairs:
+                order = glu_pairs_order(self.out_features)
+                weight, scale, bias = weight[order], scale[order], bias[order]
+            tensors = [pack_int8_weight(weight), scale, weight.sum(1, dtype=torch.int32),
+                       bias.float()]
+            self._packed[glu_pairs] = [np.ascontiguousarray(t.detach().numpy())
+                                       for t in tensors]
+        return self._packed[glu_pairs]
 
     def _padded_in(self) -> int:
         return -(-self.in_features // 32) * 32

@@ -44,9 +44,12 @@ def modulated_linear(
     norm: RMSNorm,
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
+    glu_pairs: bool = False,
 ) -> torch.Tensor:
     """``linear(norm(x) * (1 + scale) + shift)`` for ``x [B, N, D]`` and ``scale, shift
-    [B, 1, D]`` (None: no modulation), one kernel call when the kernel can take it."""
+    [B, 1, D]`` (None: no modulation), one kernel call when the kernel can take it.
+    ``glu_pairs`` (kernel only): ``value * silu(gate)`` of that output's two halves, made in
+    the GEMM's epilogue, so the doubled-width projection never goes to memory."""
     if not FusedInt8Block.runs_fused(linear, x):
         return linear(norm(x) if scale is None else norm(x) * (1 + scale) + shift)
     b, n, d = x.shape
@@ -58,7 +61,8 @@ def modulated_linear(
 
     kernels.set_threads(torch.get_num_threads())
     y = kernels.modulated_linear(x.detach().reshape(b * n, d).numpy(), n, mult.detach().numpy(),
-                                 offset.detach().numpy(), norm.eps, linear.packed())
+                                 offset.detach().numpy(), norm.eps, linear.packed(glu_pairs),
+                                 glu_pairs)
     return torch.from_numpy(y).reshape(b, n, -1)
 
 
@@ -186,6 +190,10 @@ class FusedInt8Block(DiTBlock):
             local = self.to_local_embed(local_cond)
             x = x + F.pad(local, (0, 0, x.shape[1] - local.shape[1], 0))
         glu, out = self.ff.ff[0], self.ff.ff[2]
+        if (not glu.sinusoidal and self.runs_fused(glu.proj, x) and self.runs_fused(out, x)
+                and glu.proj.out_features % 32 == 0):  # the GLU in the first GEMM's epilogue
+            act = modulated_linear(glu.proj, x, self.ff_norm, scale_ff, shift_ff, glu_pairs=True)
+            return gated_residual(out, act, x, torch.sigmoid(1 - gate_ff))
         projected = modulated_linear(glu.proj, x, self.ff_norm, scale_ff, shift_ff)
         if glu.sinusoidal:
             value, gate = projected.chunk(2, -1)

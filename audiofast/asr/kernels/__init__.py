@@ -138,7 +138,7 @@ def _load(path: Path) -> ctypes.CDLL:
                                                     i64, ptr]
     lib.audiofast_quant_linear.argtypes = [ptr, i64, i64, arr, ptr, i64]
     lib.audiofast_modulated_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64,
-                                               ctypes.c_float, arr, ptr, i64]
+                                               ctypes.c_float, arr, ctypes.c_int, ptr, i64]
     lib.audiofast_gated_linear.argtypes = [ptr, i64, i64, i64, ctypes.c_int, ptr, ptr, i64,
                                            arr, ptr, i64]
     lib.audiofast_qk_norm_rope.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr,

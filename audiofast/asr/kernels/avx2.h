@@ -73,6 +73,27 @@ __attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
+// value * silu(gate) lane by lane, silu(g) = g * sigmoid(g) with sigmoid from exp(-|g|) (exp8
+// wants x <= 0): the DiT feed-forward's GLU. glu16 does the same operations on 16 lanes.
+inline __m256 glu8(__m256 value, __m256 g) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp8(_mm256_or_ps(g, _mm256_set1_ps(-0.f)));  // exp(-|g|)
+  const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
+  const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), neg);
+  return _mm256_mul_ps(value, _mm256_mul_ps(g, sig));
+}
+
+__attribute__((target("avx512f"))) inline __m512 glu16(__m512 value, __m512 g) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = exp16(_mm512_castsi512_ps(_mm512_or_si512(  // exp(-|g|)
+      _mm512_castps_si512(g), _mm512_castps_si512(_mm512_set1_ps(-0.f)))));
+  const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
+  const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 sig = _mm512_mask_blend_ps(neg, inv, _mm512_mul_ps(e, inv));
+  return _mm512_mul_ps(value, _mm512_mul_ps(g, sig));
+}
+
 // Exact (erf) GELU, as Whisper's, in place over n floats (n a multiple of 8): erf by
 // Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7). ATen's gelu would run through oneDNN and
 // start an OpenMP region per call, whose spinning thread then competed with ours.

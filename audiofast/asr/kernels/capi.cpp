@@ -93,7 +93,8 @@ int audiofast_quant_linear(const float* x, int64_t rows, int64_t in,
 // The DiT's rms norm + adaLN modulation + int8 linear in one call (quant_linear.h).
 int audiofast_modulated_linear(const float* x, int64_t rows, int64_t in, int64_t tokens,
                                const float* mult, const float* shift, int64_t n_mod, float eps,
-                               const audiofast::Array* linear, float* y, int64_t y_size) {
+                               const audiofast::Array* linear, int glu_pairs, float* y,
+                               int64_t y_size) {
   return guarded([&] {
     const auto L = audiofast::linear_at(linear, 0);
     audiofast::check(in == L.in && L.bits == 8, "modulated_linear: x must be (rows, in) float32 "
@@ -102,8 +103,11 @@ int audiofast_modulated_linear(const float* x, int64_t rows, int64_t in, int64_t
                      "modulated_linear: rows must be whole samples of `tokens` rows");
     audiofast::check(n_mod == rows / tokens * in, "modulated_linear: mult and shift must be "
                      "(samples, in)");
-    audiofast::check(y_size == rows * L.out, "modulated_linear: output buffer of the wrong size");
-    audiofast::modulated_linear(L, x, rows, tokens, mult, shift, eps, y);
+    audiofast::check(!glu_pairs || L.out % 32 == 0,
+                     "modulated_linear: a GLU needs an output width that is a multiple of 32");
+    audiofast::check(y_size == rows * (glu_pairs ? L.out / 2 : L.out),
+                     "modulated_linear: output buffer of the wrong size");
+    audiofast::modulated_linear(L, x, rows, tokens, mult, shift, eps, y, glu_pairs != 0);
   });
 }
 

@@ -16,10 +16,13 @@ __all__ = ["dit_attention_int8", "dit_attention_uses_vnni", "dit_cross_attention
 
 
 def modulated_linear(x: np.ndarray, tokens: int, mult: np.ndarray, shift: np.ndarray,
-                     eps: float, linear: Sequence[np.ndarray]) -> np.ndarray:
+                     eps: float, linear: Sequence[np.ndarray], glu_pairs: bool = False
+                     ) -> np.ndarray:
     """``L(rms(x) * mult[b] + shift[b])`` for x ``(samples x tokens, in)`` and mult, shift
     ``(samples, in)``: the DiT's norm, adaLN modulation and row quantization in one pass, then
-    one int8 linear (the four arrays of :func:`quant_linear`)."""
+    one int8 linear (the four arrays of :func:`quant_linear`). ``glu_pairs``: L's outputs
+    packed as (value, gate) pairs of 16 (``int8_pack.glu_pairs_order``) and the result their
+    ``value * silu(gate)``, half as wide, made in the GEMM's epilogue."""
     if len(linear) != 4:
         raise ValueError("modulated_linear takes (weight, scales, zero-point terms, bias)")
     arrays = as_arrays(linear)
@@ -28,10 +31,11 @@ def modulated_linear(x: np.ndarray, tokens: int, mult: np.ndarray, shift: np.nda
     shift = np.ascontiguousarray(shift, dtype=np.float32)
     if x.ndim != 2 or mult.shape != shift.shape:
         raise ValueError("modulated_linear: x must be (rows, in), mult and shift one shape")
-    y = np.empty((x.shape[0], arrays[3].shape[0]), dtype=np.float32)
+    out = arrays[3].shape[0] // (2 if glu_pairs else 1)
+    y = np.empty((x.shape[0], out), dtype=np.float32)
     _check(_library().audiofast_modulated_linear(
         x.ctypes.data, x.shape[0], x.shape[1], tokens, mult.ctypes.data, shift.ctypes.data,
-        mult.size, eps, arrays, y.ctypes.data, y.size))
+        mult.size, eps, arrays, int(glu_pairs), y.ctypes.data, y.size))
     return y
 
 

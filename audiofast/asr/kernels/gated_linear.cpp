@@ -16,33 +16,16 @@ namespace audiofast {
 
 namespace {
 
-// value * silu(gate) over n floats (n a multiple of 8); silu(g) = g * sigmoid(g) with
-// sigmoid from exp(-|g|) (exp8 wants x <= 0).
+// value * silu(gate) over n floats (n a multiple of 8; of 16 for glu_silu16).
 void glu_silu(const float* value, const float* gate, int64_t n, float* out) {
-  const __m256 sign = _mm256_set1_ps(-0.f), one = _mm256_set1_ps(1.f);
-  for (int64_t k = 0; k < n; k += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + k);
-    const __m256 e = exp8(_mm256_or_ps(g, sign));  // exp(-|g|)
-    const __m256 inv = _mm256_div_ps(one, _mm256_add_ps(one, e));
-    const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
-    const __m256 sig = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), neg);
-    _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_loadu_ps(value + k), _mm256_mul_ps(g, sig)));
-  }
+  for (int64_t k = 0; k < n; k += 8)
+    _mm256_storeu_ps(out + k, glu8(_mm256_loadu_ps(value + k), _mm256_loadu_ps(gate + k)));
 }
 
-// The same on 16 lanes (n a multiple of 16): the same operations, so the same bits.
 __attribute__((target("avx512f"))) void glu_silu16(const float* value, const float* gate,
                                                    int64_t n, float* out) {
-  const __m512 sign = _mm512_set1_ps(-0.f), one = _mm512_set1_ps(1.f);
-  for (int64_t k = 0; k < n; k += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + k);
-    const __m512 e = exp16(_mm512_castsi512_ps(_mm512_or_si512(  // exp(-|g|)
-        _mm512_castps_si512(g), _mm512_castps_si512(sign))));
-    const __m512 inv = _mm512_div_ps(one, _mm512_add_ps(one, e));
-    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-    const __m512 sig = _mm512_mask_blend_ps(neg, inv, _mm512_mul_ps(e, inv));
-    _mm512_storeu_ps(out + k, _mm512_mul_ps(_mm512_loadu_ps(value + k), _mm512_mul_ps(g, sig)));
-  }
+  for (int64_t k = 0; k < n; k += 16)
+    _mm512_storeu_ps(out + k, glu16(_mm512_loadu_ps(value + k), _mm512_loadu_ps(gate + k)));
 }
 
 }  // namespace
@@ -61,8 +44,11 @@ void gated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t to
       rs[m] = quantize_row(glu ? a.data() : row, n, &xq[m * n]);
     }
   });
-  const GatedResidual epilogue{residual, gate, tokens};  // y = residual + y * gate[sample]
-  linear_quantized(L, xq, rs.data(), rows, y, residual ? &epilogue : nullptr);
+  Epilogue epilogue;  // y = residual + y * gate[sample]
+  epilogue.x = residual;
+  epilogue.gate = gate;
+  epilogue.tokens = tokens;
+  linear_quantized(L, xq, rs.data(), rows, y, epilogue);
 }
 
 }  // namespace audiofast

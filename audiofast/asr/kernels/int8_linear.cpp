@@ -147,7 +147,17 @@ struct TileOut {
   float* const* out;          // per row, at the group's first output
   const float* const* res;    // null, or per row: the gated residual's x and gate there
   const float* const* gate;
+  bool glu_pairs;             // blocks (0, 1), (2, 3): value and gate of 16 outputs each
 };
+
+// dequantize16's operations on one accumulator of 16 sums (the same bits).
+__attribute__((target("avx512f"))) inline __m512 dequantize_zmm(
+    __m512i sums, RowScale q, const int32_t* wsum, const float* scale, const float* bias) {
+  const __m512i exact = _mm512_sub_epi32(sums, _mm512_mullo_epi32(_mm512_set1_epi32(q.zero),
+                                                                  _mm512_loadu_si512(wsum)));
+  const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(q.scale), _mm512_loadu_ps(scale));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), sc, _mm512_loadu_ps(bias));
+}
 
 // block_vnni with the dequantization done on the accumulators in registers, 16 outputs per
 // instruction (whole blocks only): the same integers and float operations, so the same bits
@@ -174,23 +184,28 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni_out(
         for (int r = 0; r < R; ++r) acc[b][r][s] = _mm512_dpbusd_epi32(acc[b][r][s], xb[r], w);
       }
     }
-  for (int b = 0; b < NB; ++b) {
-    const __m512i wsum = _mm512_loadu_si512(o.wsum + b * kBlock);
-    const __m512 scale = _mm512_loadu_ps(o.scale + b * kBlock);
-    const __m512 bias = _mm512_loadu_ps(o.bias + b * kBlock);
+  __m512 ys[NB][R];
+  for (int b = 0; b < NB; ++b)
     for (int r = 0; r < R; ++r) {
       __m512i total = acc[b][r][0];
       for (int s = 1; s < S; ++s) total = _mm512_add_epi32(total, acc[b][r][s]);
-      const __m512i exact = _mm512_sub_epi32(total, _mm512_mullo_epi32(
-          _mm512_set1_epi32(o.rs[r].zero), wsum));
-      const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(o.rs[r].scale), scale);
-      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), sc, bias);
+      ys[b][r] = dequantize_zmm(total, o.rs[r], o.wsum + b * kBlock, o.scale + b * kBlock,
+                                o.bias + b * kBlock);
+    }
+  if (o.glu_pairs) {
+    for (int b = 0; b + 1 < NB; b += 2)
+      for (int r = 0; r < R; ++r)
+        _mm512_storeu_ps(o.out[r] + b / 2 * kBlock, glu16(ys[b][r], ys[b + 1][r]));
+    return;
+  }
+  for (int b = 0; b < NB; ++b)
+    for (int r = 0; r < R; ++r) {
+      __m512 y = ys[b][r];
       if (o.res)
         y = _mm512_fmadd_ps(y, _mm512_loadu_ps(o.gate[r] + b * kBlock),
                             _mm512_loadu_ps(o.res[r] + b * kBlock));
       _mm512_storeu_ps(o.out[r] + b * kBlock, y);
     }
-  }
 }
 
 using BlockOutFn = void (*)(const int8_t*, int64_t, const uint8_t* const*, const TileOut&);
@@ -323,8 +338,13 @@ void add_gated(float* out, const float* gate, const float* x, int64_t n) {
 }  // namespace
 
 void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowScale* rs,
-                      int64_t rows, float* y, const GatedResidual* residual) {
-  check(!residual || L.bits == 8, "a gated residual epilogue needs an int8 linear");
+                      int64_t rows, float* y, const Epilogue& epilogue) {
+  const Epilogue* residual = epilogue.x ? &epilogue : nullptr;
+  const bool glu = epilogue.glu_pairs;
+  check((!residual && !glu) || L.bits == 8, "linear epilogues need an int8 linear");
+  check(!glu || (L.out % (2 * kBlock) == 0 && !residual),
+        "a GLU epilogue needs whole pairs of output blocks and no residual");
+  const int64_t width = glu ? L.out / 2 : L.out;  // of a row of y
   if (L.bits == 4) return linear_int4(L, xq.data(), rs, rows, y);
   const bool vnni = use_vnni();
   if (!vnni) {  // the AVX2 kernel reads each row split in two halves (split_row)
@@ -339,8 +359,11 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowS
   // blocks pass over them (the encoder's 1500 rows x 2048 inputs did not fit). Blocks go
   // kGroup at a time: one pass of the VNNI kernel per group and 4-row tile.
   constexpr int64_t kPanel = 128, kGroup = 4;
-  parallel_for(L.blocks, [&](int64_t b0, int64_t b1) {
+  const int64_t per_unit = glu ? 2 : 1;  // a GLU's pairs of blocks stay on one thread
+  parallel_for(L.blocks / per_unit, [&](int64_t u0, int64_t u1) {
+    const int64_t b0 = u0 * per_unit, b1 = u1 * per_unit;
     alignas(64) int32_t sums[kGroup * 4 * kBlock];
+    alignas(64) float pair[4][2 * kBlock];  // per row: a GLU's value and gate off the VNNI path
     for (int64_t p0 = 0; p0 < rows; p0 += kPanel) {
       const int64_t p1 = std::min(rows, p0 + kPanel);
       for (int64_t g0 = b0; g0 < b1; g0 += kGroup) {
@@ -354,14 +377,14 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowS
           float* outs[4];
           const float *res[4], *gate[4];
           for (int r = 0; r < tile; ++r) {
-            outs[r] = y + (m0 + r) * L.out + n0;
+            outs[r] = y + (m0 + r) * width + n0 / per_unit;
             if (!residual) continue;
             res[r] = residual->x + (m0 + r) * L.out + n0;
             gate[r] = residual->gate + (m0 + r) / residual->tokens * L.out + n0;
           }
           if (vnni && n0 + group * kBlock <= L.out) {  // whole blocks: dequantized in registers
             const TileOut o{rs + m0, L.int8.wsum + n0, L.int8.scale + n0, L.bias + n0, outs,
-                            residual ? res : nullptr, gate};
+                            residual ? res : nullptr, gate, glu};
             kVnniOut[tile - 1][group - 1](wg, L.in, xs, o);
             continue;
           }
@@ -371,21 +394,25 @@ void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& xq, const RowS
             for (int b = 0; b < group; ++b)
               avx2[tile - 1](wg + b * L.in * kBlock, L.in, xs, sums + b * tile * kBlock);
           for (int b = 0; b < group; ++b) {
-            const int64_t c0 = n0 + b * kBlock, width = std::min(kBlock, L.out - c0);
+            const int64_t c0 = n0 + b * kBlock, n = std::min(kBlock, L.out - c0);
             for (int r = 0; r < tile; ++r) {
               const RowScale q = rs[m0 + r];
               const int32_t* block_sums = sums + (b * tile + r) * kBlock;
-              float* out = outs[r] + b * kBlock;
-              if (width == kBlock)
+              float* out = glu ? pair[r] + b % 2 * kBlock : outs[r] + b * kBlock;
+              if (n == kBlock)
                 dequantize16(block_sums, q, L.int8.wsum + c0, L.int8.scale + c0, L.bias + c0,
                              out);
               else
-                for (int64_t j = 0; j < width; ++j)  // fma: rounded once, the same on every ISA
+                for (int64_t j = 0; j < n; ++j)  // fma: rounded once, the same on every ISA
                   out[j] = std::fma(
                       static_cast<float>(block_sums[j] - q.zero * L.int8.wsum[c0 + j]),
                       q.scale * L.int8.scale[c0 + j], L.bias[c0 + j]);
-              if (residual)
-                add_gated(out, gate[r] + b * kBlock, res[r] + b * kBlock, width);
+              if (residual) add_gated(out, gate[r] + b * kBlock, res[r] + b * kBlock, n);
+              if (glu && b % 2 == 1)  // value and gate of these 16 outputs are both in
+                for (int64_t j = 0; j < kBlock; j += 8)
+                  _mm256_storeu_ps(outs[r] + b / 2 * kBlock + j,
+                                   glu8(_mm256_loadu_ps(pair[r] + j),
+                                        _mm256_loadu_ps(pair[r] + kBlock + j)));
             }
           }
         }

@@ -15,7 +15,8 @@
 namespace audiofast {
 
 void modulated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t tokens,
-                      const float* mult, const float* shift, float eps, float* y) {
+                      const float* mult, const float* shift, float eps, float* y,
+                      bool glu_pairs) {
   const int64_t n = L.in;  // a multiple of 32 (linear_at checks)
   std::vector<uint8_t> xq(rows * n);
   std::vector<RowScale> rs(rows);
@@ -43,7 +44,9 @@ void modulated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_
       rs[m] = quantize_row(h.data(), n, &xq[m * n]);
     }
   });
-  linear_quantized(L, xq, rs.data(), rows, y);
+  Epilogue epilogue;
+  epilogue.glu_pairs = glu_pairs;
+  linear_quantized(L, xq, rs.data(), rows, y, epilogue);
 }
 
 }  // namespace audiofast

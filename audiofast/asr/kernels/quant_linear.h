@@ -62,24 +62,30 @@ struct RowScale {
 };
 RowScale quantize_row(const float* x, int64_t n, uint8_t* q);
 
-// A gated residual epilogue: y = fma(L(a), gate[row / tokens], x) (x rows x out, gate
-// samples x out), applied to each output as it is made.
-struct GatedResidual {
-  const float* x;
-  const float* gate;
-  int64_t tokens;
+// What happens to each output as it is made (the default: nothing).
+struct Epilogue {
+  // A gated residual: y = fma(L(a), gate[row / tokens], x) (x rows x out, gate samples x out).
+  const float* x = nullptr;
+  const float* gate = nullptr;
+  int64_t tokens = 1;
+  // A GLU: output blocks 2k and 2k + 1 (16 channels each) are the value and gate of y's
+  // channels 16k..16k+15, y = value * silu(gate), out / 2 wide (L.out a multiple of 32; the
+  // weights packed in that order, int8_pack.glu_pairs_order).
+  bool glu_pairs = false;
 };
 
-// y = L(rows already quantized by quantize_row: q rows x in, one scale each), then the
-// epilogue if given. q may be rewritten (the AVX2 path splits each row in place of it).
+// y = L(rows already quantized by quantize_row: q rows x in, one scale each), through the
+// epilogue. q may be rewritten (the AVX2 path splits each row in place of it).
 void linear_quantized(const QuantLinear& L, std::vector<uint8_t>& q, const RowScale* rs,
-                      int64_t rows, float* y, const GatedResidual* residual = nullptr);
+                      int64_t rows, float* y, const Epilogue& epilogue = {});
 
 // The SA3 DiT's pre-norm linears (modulated_linear.cpp): y = L(rms(x) * mult[b] + shift[b])
 // with b = row / tokens (a sample's adaLN vectors, the norm's gain folded into mult), the norm,
-// the modulation and the 8-bit quantization in one pass over x.
+// the modulation and the 8-bit quantization in one pass over x. glu_pairs: y = the GLU of
+// L's output (Epilogue::glu_pairs), out / 2 wide.
 void modulated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t tokens,
-                      const float* mult, const float* shift, float eps, float* y);
+                      const float* mult, const float* shift, float eps, float* y,
+                      bool glu_pairs = false);
 
 // The SA3 DiT's gated residual linears (gated_linear.cpp): y = residual + L(a) * gate[b] with
 // a = x (rows x in) or, glu, a = x[:, :in] * silu(x[:, in:]) (x rows 2 x in wide); b = row /
