@@ -22,8 +22,11 @@ layout copies in PyTorch) before SDPA, equal to :class:`~audiofast.diffusion.att
 Attention`'s own math up to rounding order.
 
 The two gated residuals (``x + to_out(h) * sigmoid(1 - gate)`` and the feed-forward's
-``x + out(value * silu(gate)) * sigmoid(1 - gate)``) are one ``kernels.gated_linear`` call each:
-the GLU and the row quantization in one pass, the gated residual as the GEMM's epilogue.
+``x + out(value * silu(gate)) * sigmoid(1 - gate)``) are one ``kernels.gated_linear`` call each,
+the gated residual in the GEMM's epilogue. The feed-forward's GLU is the epilogue of the
+projection before it (``modulated_linear(..., glu_pairs=True)``: its outputs packed as value /
+gate pairs of 16 channels), so the doubled-width projection never goes to memory; where that
+cannot run, ``gated_linear`` applies the GLU as it quantizes its input rows.
 """
 
 from __future__ import annotations
