@@ -110,8 +110,8 @@ void block_avx2(const int8_t* wb, int64_t K, const uint8_t* const* x, int32_t* s
 // 4 x 4 tile: 8 loads per 16 vpdpbusd, where one block at a time needed 5 per 4); small tiles
 // split K over S accumulators so that enough sums are in flight to hide vpdpbusd's latency.
 template <int R, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
-    const int8_t* wb, int64_t K, const uint8_t* const* x, int32_t* sums) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline void vnni_tile(
+    const int8_t* wb, int64_t K, const uint8_t* const* x, __m512i (&total)[NB][R]) {
   constexpr int S = R * NB >= 8 ? 1 : R * NB >= 4 ? 2 : 4;
   __m512i acc[NB][R][S];
   for (auto& per_block : acc)
@@ -132,10 +132,19 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
     }
   for (int b = 0; b < NB; ++b)
     for (int r = 0; r < R; ++r) {
-      __m512i total = acc[b][r][0];
-      for (int s = 1; s < S; ++s) total = _mm512_add_epi32(total, acc[b][r][s]);
-      _mm512_storeu_si512(sums + (b * R + r) * kBlock, total);
+      total[b][r] = acc[b][r][0];
+      for (int s = 1; s < S; ++s) total[b][r] = _mm512_add_epi32(total[b][r], acc[b][r][s]);
     }
+}
+
+// vnni_tile's sums stored (NB, R, 16).
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
+    const int8_t* wb, int64_t K, const uint8_t* const* x, int32_t* sums) {
+  __m512i total[NB][R];
+  vnni_tile<R, NB>(wb, K, x, total);
+  for (int b = 0; b < NB; ++b)
+    for (int r = 0; r < R; ++r) _mm512_storeu_si512(sums + (b * R + r) * kBlock, total[b][r]);
 }
 
 // Where a tile's outputs go: row r's 16 outputs of block b at out[r] + 16 b, from
@@ -166,32 +175,13 @@ __attribute__((target("avx512f"))) inline __m512 dequantize_zmm(
 template <int R, int NB>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni_out(
     const int8_t* wb, int64_t K, const uint8_t* const* x, const TileOut& o) {
-  constexpr int S = R * NB >= 8 ? 1 : R * NB >= 4 ? 2 : 4;
-  __m512i acc[NB][R][S];
-  for (auto& per_block : acc)
-    for (auto& per_row : per_block)
-      for (auto& a : per_row) a = _mm512_setzero_si512();
-  for (int64_t g = 0; g < K / 4; g += S)
-    for (int s = 0; s < S; ++s) {
-      __m512i xb[R];
-      for (int r = 0; r < R; ++r) {
-        int32_t v;
-        std::memcpy(&v, x[r] + 4 * (g + s), 4);
-        xb[r] = _mm512_set1_epi32(v);
-      }
-      for (int b = 0; b < NB; ++b) {
-        const __m512i w = _mm512_loadu_si512(wb + b * K * kBlock + (g + s) * 64);
-        for (int r = 0; r < R; ++r) acc[b][r][s] = _mm512_dpbusd_epi32(acc[b][r][s], xb[r], w);
-      }
-    }
+  __m512i total[NB][R];
+  vnni_tile<R, NB>(wb, K, x, total);
   __m512 ys[NB][R];
   for (int b = 0; b < NB; ++b)
-    for (int r = 0; r < R; ++r) {
-      __m512i total = acc[b][r][0];
-      for (int s = 1; s < S; ++s) total = _mm512_add_epi32(total, acc[b][r][s]);
-      ys[b][r] = dequantize_zmm(total, o.rs[r], o.wsum + b * kBlock, o.scale + b * kBlock,
+    for (int r = 0; r < R; ++r)
+      ys[b][r] = dequantize_zmm(total[b][r], o.rs[r], o.wsum + b * kBlock, o.scale + b * kBlock,
                                 o.bias + b * kBlock);
-    }
   if (o.glu_pairs) {
     for (int b = 0; b + 1 < NB; b += 2)
       for (int r = 0; r < R; ++r)
