@@ -16,16 +16,11 @@ namespace audiofast {
 
 namespace {
 
-// value * silu(gate) over n floats (n a multiple of 8; of 16 for glu_silu16).
+// value * silu(gate) over n floats (n a multiple of 8). The DiT's feed-forward takes its GLU
+// in the projection's epilogue instead (Epilogue::glu_pairs); this is the path for the rest.
 void glu_silu(const float* value, const float* gate, int64_t n, float* out) {
   for (int64_t k = 0; k < n; k += 8)
     _mm256_storeu_ps(out + k, glu8(_mm256_loadu_ps(value + k), _mm256_loadu_ps(gate + k)));
-}
-
-__attribute__((target("avx512f"))) void glu_silu16(const float* value, const float* gate,
-                                                   int64_t n, float* out) {
-  for (int64_t k = 0; k < n; k += 16)
-    _mm512_storeu_ps(out + k, glu16(_mm512_loadu_ps(value + k), _mm512_loadu_ps(gate + k)));
 }
 
 }  // namespace
@@ -35,12 +30,11 @@ void gated_linear(const QuantLinear& L, const float* x, int64_t rows, int64_t to
   const int64_t n = L.in;  // a multiple of 32 (linear_at checks)
   std::vector<uint8_t> xq(rows * n);
   std::vector<RowScale> rs(rows);
-  const bool wide = use_vnni() && n % 16 == 0;  // the VNNI flag implies AVX-512F
   parallel_for(rows, [&](int64_t r0, int64_t r1) {
     std::vector<float> a(glu ? n : 0);
     for (int64_t m = r0; m < r1; ++m) {
       const float* row = x + m * (glu ? 2 * n : n);
-      if (glu) (wide ? glu_silu16 : glu_silu)(row, row + n, n, a.data());
+      if (glu) glu_silu(row, row + n, n, a.data());
       rs[m] = quantize_row(glu ? a.data() : row, n, &xq[m * n]);
     }
   });
